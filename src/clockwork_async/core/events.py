@@ -1,0 +1,168 @@
+"""What goes into the controller core (events) and what comes out (commands).
+
+Invariant: the core is a pure function ``Controller.handle(event, now_ns) -> list[Command]``.
+Every time here is in the *controller's* clock, in nanoseconds; the runtime translates to and
+from each executor's clock. The core never sees tensors: the runtime keeps each request's inputs
+and the executor's outputs, keyed by request id and action id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .outcomes import Outcome
+
+ExecutorId = str
+RequestId = int
+ActionId = int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """Seed durations of one model on one kind of executor."""
+
+    execute_ns: Mapping[int, int]  # batch size -> execute duration
+    load_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What the core knows of a model instance."""
+
+    name: str
+    batch_sizes: tuple[int, ...]  # ascending
+    weights_pages: int  # pages one loaded copy takes on an executor
+    profiles: Mapping[str, ModelProfile]  # executor kind -> seed profile
+    group: str = ""  # instances of one file share a group (metrics, host weights)
+    default_slo_ns: int = 100_000_000
+
+
+# --- Events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorJoined:
+    executor_id: ExecutorId
+    kind: str
+    pages_total: int
+    page_bytes: int
+    loaded: tuple[str, ...] = ()  # models already resident (after a reconnect)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorLeft:
+    """The executor failed or went away: its outstanding actions will never finish."""
+
+    executor_id: ExecutorId
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRegistered:
+    spec: ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ModelUnregistered:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    request_id: RequestId
+    model: str
+    deadline_ns: int  # controller clock
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCancelled:
+    request_id: RequestId
+
+
+@dataclass(frozen=True, slots=True)
+class ActionFinished:
+    """An executor's result, its times already translated to the controller's clock.
+
+    ``code`` is empty on success, else an ErrorCode value (e.g. ``too_late``).
+    ``duration_ns`` is the measured duration of the predicted phase: execute for INFER,
+    load for LOAD (0 when the action did not run).
+    """
+
+    executor_id: ExecutorId
+    action_id: ActionId
+    code: str = ""
+    start_ns: int = 0
+    end_ns: int = 0
+    duration_ns: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A timer the core asked for (WakeAt) fired, or the runtime just wants a look."""
+
+
+Event = (
+    ExecutorJoined
+    | ExecutorLeft
+    | ModelRegistered
+    | ModelUnregistered
+    | RequestArrived
+    | RequestCancelled
+    | ActionFinished
+    | Tick
+)
+
+
+# --- Commands -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    executor_id: ExecutorId
+    action_id: ActionId
+    model: str
+    earliest_ns: int
+    latest_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartInfer:
+    executor_id: ExecutorId
+    action_id: ActionId
+    model: str
+    batch_size: int  # >= len(request_ids); the runtime pads the rest
+    request_ids: tuple[RequestId, ...]
+    earliest_ns: int
+    latest_ns: int
+    predicted_ns: int  # predicted execute duration
+
+
+@dataclass(frozen=True, slots=True)
+class StartUnload:
+    executor_id: ExecutorId
+    action_id: ActionId
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """The one answer to a request. For OK and LATE the runtime attaches the outputs of
+    ``action_id`` (the request's row of the batch)."""
+
+    request_id: RequestId
+    outcome: Outcome
+    message: str = ""
+    action_id: ActionId | None = None
+    executor_id: ExecutorId | None = None
+    details: Mapping[str, int] = field(default_factory=dict)  # e.g. predicted_ns, queued_ns
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    """Deliver a Tick at (or soon after) ``time_ns``. A later WakeAt replaces an earlier one."""
+
+    time_ns: int
+
+
+Command = StartLoad | StartInfer | StartUnload | Reply | WakeAt

@@ -1,0 +1,272 @@
+"""Typed, tagged messages of the clockwork-async wire protocol.
+
+Invariant: every message is a frozen dataclass with a unique class attribute ``TAG``; the codec
+(`wire.codec`) maps tags to classes through ``MESSAGE_TYPES`` and checks every field against the
+annotations declared here, so a decoded message always has the types it says it has.
+
+Field types the codec knows: ``int``, ``float``, ``str``, ``bool``, ``bytes``, ``X | None`` of
+those, ``tuple[int, ...]``, ``tuple[str, ...]``, ``tuple[TensorSpec, ...]``,
+``Mapping[str, int]`` and ``Mapping[str, np.ndarray]`` (tensors: dtype + shape + raw bytes,
+carried in the frame's tail, decoded to numpy without a copy).
+
+Times are nanoseconds. Executor action windows (``earliest_ns``, ``latest_ns``) and result
+timestamps are in the *executor's* ``time.monotonic_ns()`` clock; the controller translates with
+its clock-offset estimate (see `Ping`/`Pong`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import ClassVar
+
+import numpy as np
+
+PROTOCOL_VERSION = 1
+
+
+class ErrorCode(StrEnum):
+    """Named failures. A client switches on the code; the message beside it is for people."""
+
+    # Executor actions.
+    TOO_LATE = "too_late"  # could not start by the window's latest_ns; not run
+    NOT_LOADED = "not_loaded"  # INFER/UNLOAD of a model that is not loaded
+    ALREADY_LOADED = "already_loaded"  # LOAD of a model that is loaded or loading
+    NO_PAGES = "no_pages"  # not enough free weight pages for a LOAD
+    BAD_INPUT = "bad_input"  # missing input, wrong dtype or shape, bad batch size
+    UNKNOWN_MODEL = "unknown_model"  # model not registered
+    BAD_MODEL = "bad_model"  # a model file that cannot be registered
+    INTERNAL = "internal"  # the backend failed; the executor keeps serving
+    # Connection level: the peer gets an Error message and the connection closes.
+    PROTOCOL_ERROR = "protocol_error"  # bytes that do not decode, or a message out of place
+    FRAME_TOO_LARGE = "frame_too_large"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    UNAUTHORIZED = "unauthorized"
+
+
+class Role(StrEnum):
+    CONTROLLER = "controller"
+    EXECUTOR = "executor"
+    CLIENT = "client"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """An input or output of a model. A ``-1`` in ``shape`` is a dynamic axis (the batch)."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+# --- Connection -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Hello:
+    """First message on every connection, both ways. Versions must match exactly."""
+
+    TAG: ClassVar[str] = "hello"
+    protocol_version: int
+    role: str  # a Role value
+    name: str  # the peer's name, for logs
+    token: str = ""  # shared secret where authentication is on
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorInfo:
+    """The executor's answer to a controller's Hello: what it is and what it holds."""
+
+    TAG: ClassVar[str] = "executor_info"
+    name: str
+    backend: str  # "onnxruntime", "simulated", ...
+    device: str  # "cpu", "cuda:0", "sim"
+    kind: str  # prediction key: executors of one kind share duration profiles
+    lanes: tuple[str, ...]  # e.g. ("load", "execute")
+    page_bytes: int
+    pages_total: int
+    pages_free: int
+    clock_ns: int  # executor monotonic_ns when this was sent
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """A connection-level failure; the sender closes the connection after it."""
+
+    TAG: ClassVar[str] = "error"
+    code: str  # an ErrorCode value
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ping:
+    TAG: ClassVar[str] = "ping"
+    seq: int
+    sent_ns: int  # sender's clock
+
+
+@dataclass(frozen=True, slots=True)
+class Pong:
+    """Echo of a Ping. With t0=sent_ns, t1=peer_ns and t2 the arrival time, the peer's clock
+    offset is t1 - (t0 + t2) / 2 and the round trip t2 - t0 (NTP style)."""
+
+    TAG: ClassVar[str] = "pong"
+    seq: int
+    sent_ns: int
+    peer_ns: int  # replier's clock when it answered
+
+
+# --- Executor actions (controller -> executor) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterModel:
+    """Read a model's weights into host memory; answered by ModelInfo or ActionResult(error).
+    ``batch_sizes`` empty: the executor infers what the model allows."""
+
+    TAG: ClassVar[str] = "register_model"
+    action_id: int
+    model: str
+    path: str
+    batch_sizes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class UnregisterModel:
+    TAG: ClassVar[str] = "unregister_model"
+    action_id: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Copy a registered model's weights into free pages; run in the load lane."""
+
+    TAG: ClassVar[str] = "load"
+    action_id: int
+    model: str
+    earliest_ns: int
+    latest_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Infer:
+    """Run a loaded model on a batch; run in the execute lane. Every input's leading axis is
+    ``batch_size``."""
+
+    TAG: ClassVar[str] = "infer"
+    action_id: int
+    model: str
+    batch_size: int
+    inputs: Mapping[str, np.ndarray]
+    earliest_ns: int
+    latest_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Unload:
+    """Free a model's pages. Runs at once (no window): it only returns pages."""
+
+    TAG: ClassVar[str] = "unload"
+    action_id: int
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class GetState:
+    TAG: ClassVar[str] = "get_state"
+    action_id: int
+
+
+# --- Executor replies (executor -> controller) ----------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """The one answer to a Load, Infer, Unload or UnregisterModel (and to a RegisterModel that
+    failed). ``code`` is empty on success, else an ErrorCode value.
+
+    ``start_ns``/``end_ns`` bracket the whole action in the executor's clock (both 0 for an
+    action rejected without running). ``durations_ns`` has one entry per phase that ran:
+    ``load`` for LOAD; ``copy_in``, ``execute``, ``copy_out`` for INFER; ``unload`` for UNLOAD.
+    """
+
+    TAG: ClassVar[str] = "action_result"
+    action_id: int
+    code: str = ""
+    message: str = ""
+    start_ns: int = 0
+    end_ns: int = 0
+    durations_ns: Mapping[str, int] = field(default_factory=dict)
+    outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    pages_free: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.code
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """Answer to a successful RegisterModel."""
+
+    TAG: ClassVar[str] = "model_info"
+    action_id: int
+    model: str
+    weights_bytes: int
+    pages_needed: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batch_sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    TAG: ClassVar[str] = "state"
+    action_id: int
+    page_bytes: int
+    pages_total: int
+    pages_free: int
+    registered: tuple[str, ...]
+    loaded: tuple[str, ...]
+
+
+Message = (
+    Hello
+    | ExecutorInfo
+    | Error
+    | Ping
+    | Pong
+    | RegisterModel
+    | UnregisterModel
+    | Load
+    | Infer
+    | Unload
+    | GetState
+    | ActionResult
+    | ModelInfo
+    | State
+)
+
+EXECUTOR_ACTIONS = (RegisterModel, UnregisterModel, Load, Infer, Unload, GetState)
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TAG: cls
+    for cls in (
+        Hello,
+        ExecutorInfo,
+        Error,
+        Ping,
+        Pong,
+        RegisterModel,
+        UnregisterModel,
+        Load,
+        Infer,
+        Unload,
+        GetState,
+        ActionResult,
+        ModelInfo,
+        State,
+    )
+}
