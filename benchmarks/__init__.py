@@ -1,0 +1,1 @@
+"""Benchmarks: one module per experiment, each runnable as `python -m benchmarks.NAME`."""

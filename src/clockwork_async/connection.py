@@ -1,0 +1,392 @@
+"""The asyncio adapter of the wire codec: one `Connection` per socket owns its transport, its
+`Decoder`/`Encoder` and the events its readers and writers wait on. Policy (hello exchange,
+what to do with a bad peer) belongs to the callers: executors, the daemon, the client.
+
+Invariants:
+- Memory per connection is bounded: reading pauses while the messages decoded and not yet
+  taken by `recv` reach ``max_queued_messages`` or ``max_queued_bytes``, and resumes once
+  they fall to half; beyond that only one frame in flight and one read chunk are held.
+- `recv` returns messages in arrival order, then raises the one ending: `ProtocolError` for
+  bad bytes (reading stops, nothing is sent), `ConnectionClosed` once the connection ended.
+- No future is ever failed: waiters sleep on Events and re-check state when woken, so a
+  cancelled waiter never leaves an unretrieved exception behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, cast
+
+from clockwork_async.wire.codec import DEFAULT_LIMITS, Decoder, Encoder, Limits, ProtocolError
+from clockwork_async.wire.messages import Error, Message
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUED_MESSAGES = 256
+DEFAULT_MAX_QUEUED_BYTES = 64 << 20
+
+
+class ConnectionClosed(Exception):
+    """The connection ended: the peer closed it, it broke, or this side closed it."""
+
+
+# --- Addresses -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UnixAddress:
+    path: str
+
+    def __str__(self) -> str:
+        return f"unix:{self.path}"
+
+
+@dataclass(frozen=True, slots=True)
+class TcpAddress:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp:{host}:{self.port}"
+
+
+Address = UnixAddress | TcpAddress
+_ADDRESS_FORMS = "unix:/path/to.sock, tcp:HOST:PORT or HOST:PORT ([::1]:PORT for IPv6)"
+
+
+def parse_address(text: str) -> Address:
+    """``unix:/path``, ``tcp:HOST:PORT`` or ``HOST:PORT`` as an Address; ValueError otherwise."""
+    if text.startswith("unix:"):
+        path = text.removeprefix("unix:")
+        if not path:
+            raise ValueError(f"bad address {text!r}: empty socket path; expected {_ADDRESS_FORMS}")
+        return UnixAddress(path)
+    host, sep, port_text = text.removeprefix("tcp:").rpartition(":")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    port_ok = port_text.isascii() and port_text.isdigit() and int(port_text) <= 0xFFFF
+    if not sep or not host or not port_ok or (":" in host and not bracketed):
+        raise ValueError(f"bad address {text!r}: expected {_ADDRESS_FORMS}")
+    return TcpAddress(host, int(port_text))
+
+
+# --- Connection ------------------------------------------------------------------------------
+
+
+class ConnectionState(Enum):
+    OPENING = "opening"  # created, no transport yet
+    OPEN = "open"
+    CLOSING = "closing"  # close() called; buffered bytes are being flushed
+    CLOSED = "closed"  # the transport is gone
+
+
+_TRANSITIONS: dict[ConnectionState, frozenset[ConnectionState]] = {
+    ConnectionState.OPENING: frozenset({ConnectionState.OPEN, ConnectionState.CLOSED}),
+    ConnectionState.OPEN: frozenset({ConnectionState.CLOSING, ConnectionState.CLOSED}),
+    ConnectionState.CLOSING: frozenset({ConnectionState.CLOSED}),
+    ConnectionState.CLOSED: frozenset(),
+}
+
+
+class Connection:
+    """Messages over one stream socket. `send` never blocks (await `drain` to respect the
+    peer's pace); `recv` waits for the next message."""
+
+    def __init__(
+        self,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        expect_hello: bool = False,
+        max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+    ) -> None:
+        if max_queued_messages < 1 or max_queued_bytes < 1:
+            raise ValueError("max_queued_messages and max_queued_bytes must be positive")
+        self._decoder = Decoder(limits, expect_hello=expect_hello)
+        self._encoder = Encoder(limits)
+        self._max_queued_messages = max_queued_messages
+        self._max_queued_bytes = max_queued_bytes
+        self._state = ConnectionState.OPENING
+        self._transport: asyncio.Transport | None = None
+        self._ended: ConnectionClosed | None = None  # why no more messages will arrive
+        self._reading_paused = False
+        self._readable = asyncio.Event()  # set when recv has something new to look at
+        self._writable = asyncio.Event()  # clear while the transport asks writers to pause
+        self._writable.set()
+        self._closed = asyncio.Event()
+
+    # Public state.
+
+    @property
+    def state(self) -> ConnectionState:
+        return self._state
+
+    @property
+    def peername(self) -> Any:
+        """The peer's address as the socket reports it ('' for an unnamed Unix socket)."""
+        return None if self._transport is None else self._transport.get_extra_info("peername")
+
+    @property
+    def queued_messages(self) -> int:
+        """Messages received and decoded that `recv` has not returned yet."""
+        return self._decoder.buffered_messages
+
+    @property
+    def reading_paused(self) -> bool:
+        return self._reading_paused
+
+    @property
+    def writing_paused(self) -> bool:
+        return not self._writable.is_set()
+
+    # Sending.
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` for the socket without copying its tensors (do not mutate them
+        until drained). Raises EncodeError for a bad message, ConnectionClosed if closed."""
+        transport = self._open_transport()
+        transport.writelines(self._encoder.encode(message))
+
+    async def drain(self) -> None:
+        """Return once the transport's write buffer is below its high-water mark; raises
+        ConnectionClosed if the connection is closing or gone."""
+        while True:
+            self._open_transport()
+            if self._writable.is_set():
+                return
+            await self._writable.wait()
+
+    # Receiving.
+
+    async def recv(self) -> Message:
+        """The next message. Raises ProtocolError when the peer sent bad bytes (after every
+        good message before them), ConnectionClosed when the connection ended."""
+        while True:
+            frame = self._decoder.next_frame()
+            if frame is not None:
+                self._maybe_resume_reading()
+                return frame[0]
+            if self._ended is not None:
+                raise ConnectionClosed(str(self._ended))
+            self._readable.clear()
+            await self._readable.wait()
+
+    def __aiter__(self) -> Connection:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.recv()
+        except ConnectionClosed:
+            raise StopAsyncIteration from None
+
+    # Closing.
+
+    def close(self) -> None:
+        """Close after flushing what was sent; `recv` then raises ConnectionClosed."""
+        self._end("closed by this side")
+        if self._state is ConnectionState.OPEN and self._transport is not None:
+            self._enter(ConnectionState.CLOSING)
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Close at once, dropping unsent bytes."""
+        self._end("aborted by this side")
+        if self._transport is not None and self._state is not ConnectionState.CLOSED:
+            self._transport.abort()
+
+    async def wait_closed(self) -> None:
+        """Return once the transport is gone."""
+        await self._closed.wait()
+
+    # Transport callbacks (through _WireProtocol).
+
+    def _on_connection_made(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        _set_tcp_nodelay(transport)
+        self._enter(ConnectionState.OPEN)
+
+    def _on_bytes(self, nbytes: int) -> None:
+        self._decoder.buffer_updated(nbytes)
+        decoder = self._decoder
+        full = (
+            decoder.buffered_messages >= self._max_queued_messages
+            or decoder.buffered_bytes >= self._max_queued_bytes
+        )
+        if full or decoder.error is not None:
+            self._pause_reading()
+        self._readable.set()
+
+    def _on_eof(self) -> None:
+        mid_frame = " mid-frame" if self._decoder.mid_frame else ""
+        self._end(f"the peer closed the connection{mid_frame}")
+
+    def _on_connection_lost(self, exc: Exception | None) -> None:
+        self._end("connection lost" + ("" if exc is None else f": {exc!r}"))
+        if self._state is not ConnectionState.CLOSED:
+            self._enter(ConnectionState.CLOSED)
+        self._writable.set()
+        self._closed.set()
+
+    # Internals.
+
+    def _enter(self, state: ConnectionState) -> None:
+        if state not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"connection cannot go from {self._state.name} to {state.name}")
+        self._state = state
+
+    def _end(self, reason: str) -> None:
+        if self._ended is None:
+            self._ended = ConnectionClosed(reason)
+        self._readable.set()
+
+    def _open_transport(self) -> asyncio.Transport:
+        if self._state is not ConnectionState.OPEN or self._transport is None:
+            raise ConnectionClosed(f"connection is {self._state.value}")
+        return self._transport
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._state is ConnectionState.OPEN:
+            assert self._transport is not None
+            self._transport.pause_reading()
+            self._reading_paused = True
+
+    def _maybe_resume_reading(self) -> None:
+        decoder = self._decoder
+        caught_up = (
+            decoder.buffered_messages <= self._max_queued_messages // 2
+            and decoder.buffered_bytes <= self._max_queued_bytes // 2
+        )
+        if self._reading_paused and caught_up and decoder.error is None:
+            self._reading_paused = False
+            if self._state is ConnectionState.OPEN and self._transport is not None:
+                self._transport.resume_reading()
+
+
+def _set_tcp_nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _WireProtocol(asyncio.BufferedProtocol):
+    """Forwards transport callbacks to its Connection; the decoder lends the read buffers."""
+
+    def __init__(self, connection: Connection, on_made: Callable[[], None] | None = None) -> None:
+        self._connection = connection
+        self._on_made = on_made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._connection._on_connection_made(cast(asyncio.Transport, transport))
+        if self._on_made is not None:
+            self._on_made()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._connection._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._connection._on_bytes(nbytes)
+
+    def eof_received(self) -> bool | None:
+        self._connection._on_eof()
+        return None  # let the transport close: this protocol has no half-open use
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._on_connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._connection._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._connection._writable.set()
+
+
+# --- Opening and serving ---------------------------------------------------------------------
+
+ConnectionFactory = Callable[[], Connection]
+Handler = Callable[[Connection], Awaitable[None]]
+
+
+def _factory(
+    limits: Limits, expect_hello: bool, max_queued_messages: int, max_queued_bytes: int
+) -> ConnectionFactory:
+    return functools.partial(
+        Connection,
+        limits,
+        expect_hello=expect_hello,
+        max_queued_messages=max_queued_messages,
+        max_queued_bytes=max_queued_bytes,
+    )
+
+
+async def open_connection(
+    address: str,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    expect_hello: bool = False,
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+) -> Connection:
+    """Connect to ``address`` (see `parse_address`). Raises ValueError for a bad address and
+    OSError when nothing listens there."""
+    parsed = parse_address(address)
+    connection = _factory(limits, expect_hello, max_queued_messages, max_queued_bytes)()
+    loop = asyncio.get_running_loop()
+    if isinstance(parsed, UnixAddress):
+        await loop.create_unix_connection(lambda: _WireProtocol(connection), parsed.path)
+    else:
+        await loop.create_connection(lambda: _WireProtocol(connection), parsed.host, parsed.port)
+    return connection
+
+
+async def start_server(
+    handler: Handler,
+    address: str,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    expect_hello: bool = False,
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
+    max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+) -> asyncio.Server:
+    """Serve ``address``: each accepted connection runs ``handler(connection)`` in its own task
+    and is closed when the handler returns. A handler that raises ProtocolError has an Error
+    message sent to its peer first; ConnectionClosed ends it quietly; anything else is logged."""
+    parsed = parse_address(address)
+    new_connection = _factory(limits, expect_hello, max_queued_messages, max_queued_bytes)
+    tasks: set[asyncio.Task[None]] = set()
+
+    def protocol() -> _WireProtocol:
+        connection = new_connection()
+        return _WireProtocol(connection, lambda: _spawn(tasks, handler, connection))
+
+    loop = asyncio.get_running_loop()
+    if isinstance(parsed, UnixAddress):
+        return await loop.create_unix_server(protocol, parsed.path)
+    return await loop.create_server(protocol, parsed.host, parsed.port)
+
+
+def _spawn(tasks: set[asyncio.Task[None]], handler: Handler, connection: Connection) -> None:
+    task = asyncio.get_running_loop().create_task(_serve_one(handler, connection))
+    tasks.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(tasks.discard)
+
+
+async def _serve_one(handler: Handler, connection: Connection) -> None:
+    try:
+        await handler(connection)
+    except ConnectionClosed:
+        pass
+    except ProtocolError as e:
+        if connection.state is ConnectionState.OPEN:
+            connection.send(Error(code=e.code.value, message=e.message))
+    except Exception:
+        logger.exception("connection handler failed (peer %r)", connection.peername)
+    finally:
+        connection.close()

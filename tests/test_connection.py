@@ -1,0 +1,251 @@
+"""The asyncio adapter over real Unix and TCP loopback sockets: messages both ways, pipelining,
+bounded inbound queue with backpressure, peer close, bad bytes surfaced as ProtocolError."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from clockwork_async.connection import (
+    Connection,
+    ConnectionClosed,
+    ConnectionState,
+    TcpAddress,
+    UnixAddress,
+    open_connection,
+    parse_address,
+    start_server,
+)
+from clockwork_async.wire.codec import PREFIX, Decoder, Encoder, ProtocolError
+from clockwork_async.wire.messages import (
+    PROTOCOL_VERSION,
+    ActionResult,
+    Error,
+    ErrorCode,
+    Hello,
+    Infer,
+    Message,
+    Ping,
+    Pong,
+)
+
+Handler = Callable[[Connection], Awaitable[None]]
+Serve = Callable[..., Awaitable[str]]
+
+
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        ("unix:/run/x.sock", UnixAddress("/run/x.sock")),
+        ("tcp:127.0.0.1:7000", TcpAddress("127.0.0.1", 7000)),
+        ("localhost:0", TcpAddress("localhost", 0)),
+        ("tcp:[::1]:65535", TcpAddress("::1", 65535)),
+    ],
+)
+def test_parse_address(text: str, address: UnixAddress | TcpAddress) -> None:
+    assert parse_address(text) == address
+    assert parse_address(str(address)) == address
+
+
+@pytest.mark.parametrize(
+    "text", ["unix:", "tcp:host", "host:", ":80", "h:65536", "h:-1", "h:8x", "::1:80", "h:٣"]
+)
+def test_parse_address_rejects_bad_addresses_clearly(text: str) -> None:
+    with pytest.raises(ValueError, match="bad address"):
+        parse_address(text)
+
+
+@pytest_asyncio.fixture(params=["unix", "tcp"])
+async def serve(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Serve]:
+    """Starts servers on a fresh Unix path or TCP loopback port; closes them afterwards."""
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler, **options: object) -> str:
+        if request.param == "unix":
+            address = f"unix:{tmp_path / f's{len(servers)}.sock'}"
+            servers.append(await start_server(handler, address, **options))  # type: ignore[arg-type]
+            return address
+        servers.append(await start_server(handler, "tcp:127.0.0.1:0", **options))  # type: ignore[arg-type]
+        return f"tcp:127.0.0.1:{servers[-1].sockets[0].getsockname()[1]}"
+
+    yield start
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+
+
+async def _echo(connection: Connection) -> None:
+    async for message in connection:
+        connection.send(message)
+
+
+async def test_messages_both_ways_pipelined(serve: Serve) -> None:
+    client = await open_connection(await serve(_echo))
+    sent: list[Message] = [Ping(i, i * 10) for i in range(100)]
+    sent.append(Infer(1, "m", 1, {"x": np.arange(150_000, dtype=np.float32)}, 0, 1))
+    for message in sent:
+        client.send(message)
+    await client.drain()
+    for want in sent[:-1]:
+        assert await client.recv() == want
+    infer = await client.recv()
+    assert isinstance(infer, Infer)
+    np.testing.assert_array_equal(infer.inputs["x"], np.arange(150_000, dtype=np.float32))
+    client.close()
+    await client.wait_closed()
+    assert client.state is ConnectionState.CLOSED
+
+
+async def test_tcp_connections_disable_nagle_on_both_sides() -> None:
+    server_side: list[Connection] = []
+
+    async def keep(connection: Connection) -> None:
+        server_side.append(connection)
+        await connection.recv()
+
+    server = await start_server(keep, "tcp:127.0.0.1:0")
+    try:
+        client = await open_connection(f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        client.send(Ping(1, 2))
+        await client.drain()
+        while not server_side:
+            await asyncio.sleep(0)
+        for connection in (client, server_side[0]):
+            sock = connection._transport.get_extra_info("socket")  # type: ignore[union-attr]
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        client.close()
+        await client.wait_closed()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_peer_close_ends_recv_and_iteration(serve: Serve) -> None:
+    async def greet_and_close(connection: Connection) -> None:
+        connection.send(Hello(PROTOCOL_VERSION, "executor", "ex0"))
+
+    client = await open_connection(await serve(greet_and_close))
+    assert [m async for m in client] == [Hello(PROTOCOL_VERSION, "executor", "ex0")]
+    with pytest.raises(ConnectionClosed, match="peer closed"):
+        await client.recv()
+    await client.wait_closed()
+    with pytest.raises(ConnectionClosed):
+        client.send(Ping(1, 1))
+    with pytest.raises(ConnectionClosed):
+        await client.drain()
+
+
+async def test_local_close_wakes_a_waiting_reader(serve: Serve) -> None:
+    client = await open_connection(await serve(_echo))
+    reader = asyncio.ensure_future(client.recv())
+    await asyncio.sleep(0)
+    client.close()
+    with pytest.raises(ConnectionClosed, match="this side"):
+        await reader
+    await client.wait_closed()
+
+
+async def test_bad_bytes_surface_as_protocol_error_and_the_server_answers_error(
+    serve: Serve,
+) -> None:
+    seen: list[object] = []
+
+    async def record(connection: Connection) -> None:
+        try:
+            async for message in connection:
+                seen.append(message)
+        except ProtocolError as e:
+            seen.append(e.code)
+            raise
+
+    address = parse_address(await serve(record))
+    if isinstance(address, UnixAddress):
+        reader, writer = await asyncio.open_unix_connection(address.path)
+    else:
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+    writer.write(Encoder().encode_bytes(Ping(1, 2)) + PREFIX.pack(1, 0) + b"\xc1")
+    decoder = Decoder()
+    async with asyncio.timeout(30):  # a hang guard, not a timing claim
+        decoder.feed(await reader.read())  # until the server closes
+    writer.close()
+    await writer.wait_closed()
+    assert seen == [Ping(1, 2), ErrorCode.PROTOCOL_ERROR]
+    error = decoder.next_message()
+    assert isinstance(error, Error) and error.code == ErrorCode.PROTOCOL_ERROR
+    assert decoder.next_message() is None
+
+
+async def test_a_peer_that_closes_mid_frame_is_reported(serve: Serve) -> None:
+    ended: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def record(connection: Connection) -> None:
+        try:
+            await connection.recv()
+        except ConnectionClosed as e:
+            ended.set_result(str(e))
+
+    client = await open_connection(await serve(record))
+    client._transport.write(Encoder().encode_bytes(Ping(1, 2))[:-3])  # type: ignore[union-attr]
+    client.close()
+    assert "mid-frame" in await ended
+
+
+async def test_expect_hello_rejects_a_peer_that_does_not_greet(serve: Serve) -> None:
+    async def ping_first(connection: Connection) -> None:
+        connection.send(Ping(1, 2))
+        await connection.recv()
+
+    client = await open_connection(await serve(ping_first), expect_hello=True)
+    with pytest.raises(ProtocolError) as info:
+        await client.recv()
+    assert info.value.code is ErrorCode.PROTOCOL_ERROR
+    client.close()
+    await client.wait_closed()
+
+
+async def test_a_slow_consumer_bounds_its_queue_and_pushes_back_on_the_sender(
+    serve: Serve,
+) -> None:
+    max_queued = 4
+    go = asyncio.Event()
+    server_side: list[Connection] = []
+
+    async def slow_counter(connection: Connection) -> None:
+        server_side.append(connection)
+        await go.wait()
+        count = 0
+        async for message in connection:
+            assert isinstance(message, ActionResult) and message.action_id == count
+            count += 1
+            if message.code == "last":
+                connection.send(Pong(count, 0, 0))
+
+    client = await open_connection(
+        await serve(slow_counter, max_queued_messages=max_queued, max_queued_bytes=1 << 30)
+    )
+    async with asyncio.timeout(30):  # a hang guard, not a timing claim
+        payload = {"y": np.zeros(16 << 10, np.uint8)}
+        sent = 0
+        while not client.writing_paused:
+            assert sent < 20_000, "the sender never felt backpressure"
+            client.send(ActionResult(sent, outputs=payload))
+            sent += 1
+            await asyncio.sleep(0)
+        (server,) = server_side
+        assert server.reading_paused
+        assert server.queued_messages <= max_queued + 1  # + what one read chunk completes
+        drained = asyncio.ensure_future(client.drain())
+        await asyncio.sleep(0)
+        assert not drained.done()
+        go.set()
+        await drained
+        client.send(ActionResult(sent, code="last"))
+        assert await client.recv() == Pong(sent + 1, 0, 0)
+        client.close()
+        await client.wait_closed()
