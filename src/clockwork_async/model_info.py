@@ -1,0 +1,212 @@
+"""What a model file says: ONNX inputs and outputs, supported batch sizes and the settings of
+its optional ``model.toml``. Pure: bytes in, a ``ModelInfo`` out; no file is opened here.
+
+Invariants: an ONNX model that refers to external data is refused (the runtime would open paths
+the file names); batch sizes are inferred conservatively: only a model whose every input and
+output has a leading dynamic axis is offered sizes above 1, unless model.toml declares them.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import external_data_helper
+
+from clockwork_async.config_fields import ConfigError, Raw, build_section, ranged
+from clockwork_async.wire.messages import TensorSpec
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+TOML_FILE = "model.toml"
+MAX_BATCH_SIZE = 1024
+BATCHED_SIZES = (1, 2, 4, 8, 16)  # offered to a model whose every tensor has a batch axis
+MS_NS = 1_000_000
+
+
+class RepositoryError(Exception):
+    """Base of the repository's named errors; ``code`` is a wire ErrorCode value."""
+
+    code = "bad_model"
+
+
+class InvalidModel(RepositoryError):
+    """A model.onnx or model.toml that cannot be registered; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSettings:
+    """The optional ``model.toml`` (tensors, if declared, are read separately)."""
+
+    name: str = ""
+    group: str = ""
+    copies: int = ranged(1, 1, 65536)
+    batch_sizes: tuple[int, ...] = ()
+    default_slo_ms: float = ranged(100.0, 0.001, 3_600_000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """A model file and its model.toml, validated."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    batch_sizes: tuple[int, ...]  # ascending
+    batch_sizes_declared: bool  # from model.toml rather than inferred
+    default_slo_ns: int
+    copies: int
+    group: str
+
+
+def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> ModelInfo:
+    """Validate model ``name``'s files; raises InvalidModel saying what is wrong."""
+    model = _parse_onnx(name, onnx_bytes)
+    settings, declared = _parse_toml(name, toml_bytes)
+    inputs = _tensors(name, "input", model, declared.get("inputs"))
+    outputs = _tensors(name, "output", model, declared.get("outputs"))
+    return ModelInfo(
+        inputs=inputs,
+        outputs=outputs,
+        batch_sizes=settings.batch_sizes or _inferred_batch_sizes(inputs + outputs),
+        batch_sizes_declared=bool(settings.batch_sizes),
+        default_slo_ns=round(settings.default_slo_ms * MS_NS),
+        copies=settings.copies,
+        group=settings.group or name,
+    )
+
+
+def _parse_onnx(name: str, data: bytes) -> onnx.ModelProto:
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as error:  # protobuf raises DecodeError and others
+        raise InvalidModel(f"model {name!r}: not an ONNX file ({error})") from None
+    if model.ir_version <= 0 or not model.opset_import or not model.graph.output:
+        raise InvalidModel(f"model {name!r}: not an ONNX model (no IR version, opset or output)")
+    if any(external_data_helper.uses_external_data(t) for t in _all_tensors(model.graph)):
+        raise InvalidModel(f"model {name!r}: external data is not supported; embed the weights")
+    return model
+
+
+def _all_tensors(graph: onnx.GraphProto) -> Iterable[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield sparse.values
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _all_tensors(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from _all_tensors(subgraph)
+
+
+def _parse_toml(name: str, data: bytes | None) -> tuple[ModelSettings, dict[str, Any]]:
+    """Settings and the raw ``inputs``/``outputs`` arrays, if declared."""
+    if data is None:
+        return ModelSettings(), {}
+    try:
+        document = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise InvalidModel(f"model {name!r}: {TOML_FILE} is not valid TOML ({error})") from None
+    tensors: dict[str, Any] = {k: document.pop(k) for k in ("inputs", "outputs") if k in document}
+    raw = {key: Raw(value, f"{name}/{TOML_FILE}") for key, value in document.items()}
+    try:
+        settings: ModelSettings = build_section(ModelSettings, TOML_FILE, raw)
+    except ConfigError as error:
+        raise InvalidModel(f"model {name!r}: {error}") from None
+    _check_settings(name, settings)
+    return settings, tensors
+
+
+def _check_settings(name: str, settings: ModelSettings) -> None:
+    if settings.name and settings.name != name:
+        raise InvalidModel(f"model {name!r}: {TOML_FILE} says name = {settings.name!r}")
+    if settings.group and not MODEL_NAME.match(settings.group):
+        raise InvalidModel(f"model {name!r}: group {settings.group!r} is not a valid name")
+    sizes = settings.batch_sizes
+    if sizes and (list(sizes) != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE):
+        raise InvalidModel(
+            f"model {name!r}: batch_sizes {list(sizes)} must be distinct, ascending, "
+            f"in 1..{MAX_BATCH_SIZE}"
+        )
+
+
+def _tensors(name: str, kind: str, model: onnx.ModelProto, declared: Any) -> tuple[TensorSpec, ...]:
+    found = _graph_tensors(name, kind, model)
+    if declared is None:
+        return found
+    specs = _declared_tensors(name, kind, declared)
+    if sorted(s.name for s in specs) != sorted(s.name for s in found):
+        raise InvalidModel(
+            f"model {name!r}: declared {kind}s {[s.name for s in specs]} differ from the "
+            f"file's {[s.name for s in found]}"
+        )
+    dtypes = {s.name: s.dtype for s in found}
+    for spec in specs:
+        if dtypes[spec.name] != spec.dtype:
+            raise InvalidModel(
+                f"model {name!r}: {kind} {spec.name!r} is {dtypes[spec.name]} in the file, "
+                f"not {spec.dtype}"
+            )
+    return specs
+
+
+def _graph_tensors(name: str, kind: str, model: onnx.ModelProto) -> tuple[TensorSpec, ...]:
+    graph = model.graph
+    if kind == "output":
+        values = list(graph.output)
+    else:
+        constants = {t.name for t in graph.initializer}
+        values = [v for v in graph.input if v.name not in constants]
+    return tuple(_tensor_spec(name, kind, value) for value in values)
+
+
+def _tensor_spec(name: str, kind: str, value: onnx.ValueInfoProto) -> TensorSpec:
+    what = f"model {name!r}: {kind} {value.name!r}"
+    if not value.type.HasField("tensor_type"):
+        raise InvalidModel(f"{what} is not a tensor (sequences and maps are not supported)")
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        raise InvalidModel(f"{what} has no shape in the file; declare it in {TOML_FILE}")
+    try:
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        raise InvalidModel(f"{what} has an unsupported element type {tensor.elem_type}") from None
+    shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
+    return TensorSpec(value.name, dtype, shape)
+
+
+def _declared_tensors(name: str, kind: str, declared: Any) -> tuple[TensorSpec, ...]:
+    where = f"model {name!r}: {TOML_FILE} [[{kind}s]]"
+    if not isinstance(declared, list):
+        raise InvalidModel(f"{where} must be an array of tables")
+    specs = []
+    for table in declared:
+        if not isinstance(table, dict) or set(table) != {"name", "dtype", "shape"}:
+            raise InvalidModel(f"{where} entries need exactly name, dtype and shape")
+        shape = table["shape"]
+        if not isinstance(shape, list) or not all(_is_dim(d) for d in shape):
+            raise InvalidModel(f"{where} {table['name']!r}: shape must be integers >= 1 or -1")
+        try:
+            dtype = np.dtype(table["dtype"]).name
+        except TypeError:
+            raise InvalidModel(f"{where} {table['name']!r}: unknown dtype") from None
+        specs.append(TensorSpec(str(table["name"]), dtype, tuple(shape)))
+    return tuple(specs)
+
+
+def _is_dim(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (value >= 1 or value == -1)
+
+
+def _inferred_batch_sizes(tensors: Iterable[TensorSpec]) -> tuple[int, ...]:
+    """Batched sizes only if every tensor has a leading dynamic axis; else batch 1."""
+    if all(len(t.shape) >= 1 and t.shape[0] == -1 for t in tensors):
+        return BATCHED_SIZES
+    return (1,)

@@ -1,0 +1,227 @@
+"""The metrics/health HTTP responder: pure parsing and responses, then real HTTP on loopback
+(including `promtool check metrics` on a scrape where promtool is installed)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+from prometheus_client import CollectorRegistry
+
+from clockwork_async.http_endpoint import (
+    BadRequest,
+    HttpEndpoint,
+    HttpLimits,
+    Readiness,
+    Request,
+    encode,
+    parse_head,
+    respond,
+)
+from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
+
+GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+# --- Pure parsing ---------------------------------------------------------------------------
+
+
+def test_parse_a_well_formed_head() -> None:
+    head = b"GET /metrics?name=x HTTP/1.1\r\nHost: h\r\nAccept:  text/plain \r\n\r\n"
+    assert parse_head(head) == Request("GET", "/metrics", {"host": "h", "accept": "text/plain"})
+    assert parse_head(b"HEAD /healthz HTTP/1.0\r\n\r\n").method == "HEAD"
+
+
+@pytest.mark.parametrize(
+    ("head", "says"),
+    [
+        (b"GET /metrics\r\n\r\n", "request line"),
+        (b"GET  /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "request line"),
+        (b"G(T /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "method"),
+        (b"GET http://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n", "absolute path"),
+        (b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n", "version"),
+        (b"GET /metrics HTTP/1.1\r\n\r\n", "Host"),
+        (b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n", "header"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", "header"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\x01\r\n\r\n", "control"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\n", "empty line"),
+        (b"GET /metrics HTTP/1.1\r\n" + b"A: b\r\n" * 65 + b"Host: x\r\n\r\n", "too many"),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", "too large"),
+    ],
+)
+def test_parse_refuses_malformed_heads(head: bytes, says: str) -> None:
+    with pytest.raises(BadRequest, match=says):
+        parse_head(head)
+
+
+def ready() -> Readiness:
+    return Readiness(True)
+
+
+def test_routes_and_methods() -> None:
+    registry = CollectorRegistry()
+    assert respond(Request("GET", "/nope"), registry, ready).status == 404
+    not_allowed = respond(Request("POST", "/metrics"), registry, ready)
+    assert not_allowed.status == 405
+    assert ("Allow", "GET, HEAD") in not_allowed.headers
+    assert respond(Request("GET", "/healthz"), registry, ready).body == b"ok\n"
+
+
+def test_readyz_reports_the_reason_and_survives_a_failing_check() -> None:
+    registry = CollectorRegistry()
+    waiting = respond(Request("GET", "/readyz"), registry, lambda: Readiness(False, "0/2 up"))
+    assert (waiting.status, waiting.body) == (503, b"not ready: 0/2 up\n")
+
+    def broken() -> Readiness:
+        raise RuntimeError("boom")
+
+    assert respond(Request("GET", "/readyz"), registry, broken).status == 503
+
+
+def test_encode_sets_length_and_closes() -> None:
+    response = respond(Request("GET", "/healthz"), CollectorRegistry(), ready)
+    data = encode(response)
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"Content-Length: 3\r\n" in data
+    assert b"Connection: close\r\n" in data
+    assert data.endswith(b"\r\n\r\nok\n")
+    assert encode(response, head_only=True).endswith(b"\r\n\r\n")
+
+
+# --- Real HTTP on loopback ------------------------------------------------------------------
+
+
+class Served:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(self.registry, instance_label_limit=50)
+        self.readiness = Readiness(False, "executors starting")
+        self.endpoint = HttpEndpoint(
+            self.registry,
+            lambda: self.readiness,
+            HttpLimits(head_timeout_s=0.3, max_connections=4),
+        )
+        self.port = 0
+
+    async def get(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
+        writer.write(raw)
+        await writer.drain()
+        data = await reader.read()  # the server closes after one response
+        writer.close()
+        await writer.wait_closed()
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in lines[1:])
+        return int(lines[0].split()[1]), headers, body
+
+
+@pytest_asyncio.fixture
+async def served() -> AsyncIterator[Served]:
+    server = Served()
+    _, server.port = await server.endpoint.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.endpoint.close()
+
+
+async def test_scrape_over_http(served: Served) -> None:
+    served.metrics.observe_reply("m-0", "m", "ok", 0.01, 0.001, 0.005, 0.09)
+    status, headers, body = await served.get(GET)
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/plain; version=")
+    assert int(headers["Content-Length"]) == len(body)
+    assert b'clockwork_requests_total{group="m",outcome="ok"} 1.0' in body
+
+
+async def test_openmetrics_is_negotiated(served: Served) -> None:
+    accept = b"Accept: application/openmetrics-text;version=1.0.0\r\n"
+    status, headers, body = await served.get(GET.replace(b"\r\n\r\n", b"\r\n" + accept + b"\r\n"))
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n")
+
+
+async def test_health_and_readiness_over_http(served: Served) -> None:
+    assert (await served.get(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200
+    status, _, body = await served.get(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, body) == (503, b"not ready: executors starting\n")
+    served.readiness = Readiness(True)
+    assert (await served.get(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200
+
+
+async def test_head_has_headers_and_no_body(served: Served) -> None:
+    status, headers, body = await served.get(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, headers["Content-Length"], body) == (200, "3", b"")
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc", 405),
+        (b"GET /admin HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+        (b"\x16\x03\x01 tls hello\r\n\r\n", 400),
+        (b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\n\r\n", 400),
+    ],
+)
+async def test_bad_requests_get_an_error_status(served: Served, raw: bytes, status: int) -> None:
+    assert (await served.get(raw))[0] == status
+
+
+async def test_a_slow_client_is_disconnected(served: Served) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
+    await writer.drain()
+    assert await reader.read() == b""  # closed by the server after head_timeout_s
+    writer.close()
+    await writer.wait_closed()
+
+
+async def test_connections_over_the_limit_are_closed_and_close_ends_idle_ones(
+    served: Served,
+) -> None:
+    idle = [await asyncio.open_connection("127.0.0.1", served.port) for _ in range(4)]
+    await asyncio.sleep(0.05)  # let the server accept them
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    writer.write(GET)
+    assert await closed_without_answer(reader)
+    writer.close()
+    await served.endpoint.close()
+    for idle_reader, idle_writer in idle:
+        assert await closed_without_answer(idle_reader)
+        idle_writer.close()
+
+
+async def closed_without_answer(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await reader.read() == b""
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+async def test_promtool_accepts_a_full_scrape(served: Served) -> None:
+    metrics = served.metrics
+    for i in range(200):
+        metrics.observe_reply(f"inst-{i}", f"group-{i % 7}", "ok", 0.01, 0.002, 0.004, 0.05)
+        metrics.observe_reply(f"inst-{i}", f"group-{i % 7}", "dropped", 0.03)
+    metrics.observe_prediction("infer", 0.0003)
+    metrics.observe_prediction("load", -0.002)
+    metrics.observe_load("group-1", 0.004)
+    metrics.observe_eviction("group-1")
+    metrics.observe_cold_start("group-1")
+    metrics.observe_loop_lag(0.0002)
+    metrics.executor_restarted("local-0")
+    gauges = ExecutorGauges("local-0", True, 10, 64, 3)
+    metrics.set_snapshot_source(lambda: LiveSnapshot((gauges,), 2, {"group-1": 2}, 4, 200, 1))
+    status, _, body = await served.get(GET)
+    assert status == 200
+    checked = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

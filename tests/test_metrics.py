@@ -1,0 +1,213 @@
+"""Metrics: what each observation counts, bounded label sets, scrape-time live gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.metrics import (
+    OTHER,
+    BoundedLabel,
+    ExecutorGauges,
+    LiveSnapshot,
+    Metrics,
+    probe_loop_lag,
+)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def label_values(registry: CollectorRegistry, family: str, label: str) -> set[str]:
+    found = set()
+    for metric in registry.collect():
+        if metric.name == family:
+            found |= {sample.labels[label] for sample in metric.samples}
+    return found
+
+
+def series_count(registry: CollectorRegistry, prefix: str = "clockwork_") -> int:
+    return sum(
+        len(metric.samples) for metric in registry.collect() if metric.name.startswith(prefix)
+    )
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def test_an_ok_reply_counts_and_observes_every_latency(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_reply("m-0", "m", "ok", 0.02, queue_s=0.004, execute_s=0.01, slack_s=0.08)
+    assert value(registry, "clockwork_requests_total", group="m", outcome="ok") == 1
+    assert value(registry, "clockwork_instance_requests_total", instance="m-0", outcome="ok") == 1
+    for name in ("request", "queue", "execute"):
+        assert value(registry, f"clockwork_{name}_duration_seconds_count", group="m") == 1
+    assert value(registry, "clockwork_request_duration_seconds_sum", group="m") == 0.02
+    assert value(registry, "clockwork_deadline_slack_seconds_sum", group="m") == 0.08
+    assert value(registry, "clockwork_drops_total", group="m", reason="ok") is None
+
+
+def test_every_outcome_of_a_group_starts_at_zero(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_reply("m", "g", "ok", 0.01)
+    for outcome in Outcome:
+        expected = 1 if outcome is Outcome.OK else 0
+        assert value(registry, "clockwork_requests_total", group="g", outcome=outcome) == expected
+
+
+@pytest.mark.parametrize("outcome", ["dropped", "failed", "infeasible", "overloaded"])
+def test_server_side_failures_are_drops_without_latency(
+    registry: CollectorRegistry, outcome: str
+) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_reply("m", "g", outcome, 0.01, slack_s=0.5)
+    assert value(registry, "clockwork_drops_total", group="g", reason=outcome) == 1
+    assert value(registry, "clockwork_request_duration_seconds_count", group="g") is None
+    assert value(registry, "clockwork_deadline_slack_seconds_count", group="g") is None
+
+
+def test_client_mistakes_and_cancels_are_not_drops(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    for outcome in ("unknown_model", "bad_input", "cancelled"):
+        metrics.observe_reply("m", "g", outcome, 0.0)
+    assert label_values(registry, "clockwork_drops", "reason") == set()
+
+
+def test_a_late_reply_is_a_drop_with_latency_but_no_slack(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_reply("m", "g", "late", 0.2, execute_s=0.1, slack_s=-0.05)
+    assert value(registry, "clockwork_drops_total", group="g", reason="late") == 1
+    assert value(registry, "clockwork_request_duration_seconds_count", group="g") == 1
+    assert value(registry, "clockwork_deadline_slack_seconds_count", group="g") is None
+
+
+def test_unknown_outcome_or_prediction_kind_is_a_programming_error(
+    registry: CollectorRegistry,
+) -> None:
+    metrics = Metrics(registry, include_process=False)
+    with pytest.raises(ValueError):
+        metrics.observe_reply("m", "g", "splendid", 0.01)
+    with pytest.raises(ValueError, match="prediction kind"):
+        metrics.observe_prediction("unload", 0.001)
+
+
+def test_prediction_error_is_split_by_direction(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_prediction("infer", 0.002)
+    metrics.observe_prediction("infer", -0.001)
+    metrics.observe_prediction("load", 0.0)
+    name = "clockwork_prediction_error_seconds_sum"
+    assert value(registry, name, kind="infer", direction="slower") == 0.002
+    assert value(registry, name, kind="infer", direction="faster") == 0.001
+    assert value(registry, name, kind="load", direction="faster") == 0.0
+
+
+def test_loads_evictions_cold_starts_restarts_and_lag(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_load("g", 0.003)
+    metrics.observe_eviction("g")
+    metrics.observe_cold_start("g")
+    metrics.executor_restarted("local-0")
+    metrics.observe_loop_lag(-0.001)  # clamped: a loop is never early
+    assert value(registry, "clockwork_load_duration_seconds_sum", group="g") == 0.003
+    assert value(registry, "clockwork_evictions_total", group="g") == 1
+    assert value(registry, "clockwork_cold_starts_total", group="g") == 1
+    assert value(registry, "clockwork_executor_restarts_total", executor="local-0") == 1
+    assert value(registry, "clockwork_event_loop_lag_seconds_sum") == 0.0
+
+
+def test_thousands_of_instances_keep_label_sets_bounded(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, instance_label_limit=10, include_process=False)
+    for i in range(5000):
+        metrics.observe_reply(f"resnet-{i}", "resnet", "ok", 0.01, 0.001, 0.005, 0.05)
+    instances = label_values(registry, "clockwork_instance_requests", "instance")
+    assert instances == {f"resnet-{i}" for i in range(10)} | {OTHER}
+    assert (
+        value(registry, "clockwork_instance_requests_total", instance=OTHER, outcome="ok") == 4990
+    )
+    assert label_values(registry, "clockwork_request_duration_seconds", "group") == {"resnet"}
+    assert series_count(registry) < 200
+
+
+def test_groups_beyond_their_limit_share_other(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, group_label_limit=2, include_process=False)
+    for group in ("a", "b", "c", "d"):
+        metrics.observe_reply(group, group, "ok", 0.01)
+    assert label_values(registry, "clockwork_requests", "group") == {"a", "b", OTHER}
+    assert value(registry, "clockwork_requests_total", group=OTHER, outcome="ok") == 2
+
+
+def test_bounded_label_never_admits_the_name_other() -> None:
+    label = BoundedLabel(2)
+    assert [label(v) for v in ("other", "a", "b", "c", "a")] == [OTHER, "a", "b", OTHER, "a"]
+    with pytest.raises(ValueError):
+        BoundedLabel(-1)
+
+
+def test_live_gauges_are_read_at_scrape_time(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    state = {"used": 3}
+
+    def snapshot() -> LiveSnapshot:
+        gauges = ExecutorGauges("local-0", True, state["used"], 64, 2)
+        return LiveSnapshot(
+            executors=(gauges,),
+            queue_depth=5,
+            queue_depth_by_group={"a": 2, "b": 3},
+            outstanding_requests=7,
+            models_registered=1000,
+            client_connections=4,
+        )
+
+    assert value(registry, "clockwork_executor_pages_used", executor="local-0") is None
+    metrics.set_snapshot_source(snapshot)
+    assert value(registry, "clockwork_executor_pages_used", executor="local-0") == 3
+    state["used"] = 9
+    assert value(registry, "clockwork_executor_pages_used", executor="local-0") == 9
+    assert value(registry, "clockwork_executor_pages_capacity", executor="local-0") == 64
+    assert value(registry, "clockwork_executor_up", executor="local-0") == 1
+    assert value(registry, "clockwork_group_queue_depth", group="b") == 3
+    assert value(registry, "clockwork_queue_depth") == 5
+    assert value(registry, "clockwork_outstanding_requests") == 7
+    assert value(registry, "clockwork_models_registered") == 1000
+    assert value(registry, "clockwork_client_connections") == 4
+
+
+def test_a_failing_snapshot_leaves_the_rest_of_the_scrape_intact(
+    registry: CollectorRegistry, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_reply("m", "g", "ok", 0.01)
+
+    def broken() -> LiveSnapshot:
+        raise RuntimeError("driver gone")
+
+    metrics.set_snapshot_source(broken)
+    with caplog.at_level(logging.ERROR):
+        text = generate_latest(registry).decode()
+    assert 'clockwork_requests_total{group="g",outcome="ok"} 1.0' in text
+    assert "clockwork_queue_depth " not in text
+    assert "snapshot failed" in caplog.text
+
+
+def test_process_metrics_are_included_by_default(registry: CollectorRegistry) -> None:
+    Metrics(registry)
+    assert (value(registry, "process_resident_memory_bytes") or 0) > 0
+
+
+async def test_loop_lag_probe_reports_non_negative_lag() -> None:
+    seen: list[float] = []
+    probe = asyncio.create_task(probe_loop_lag(seen.append, interval_s=0.001))
+    while len(seen) < 3:
+        await asyncio.sleep(0.001)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    assert all(lag >= 0 for lag in seen)
