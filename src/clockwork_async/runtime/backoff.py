@@ -1,0 +1,59 @@
+"""Restart and reconnect backoff: exponential, capped, reset after a healthy period. Pure.
+
+Invariant: the n-th consecutive failure waits ``min(initial_s * factor**(n-1), max_s)``; a run
+that stayed up for at least ``healthy_s`` before failing counts as the first failure again, so a
+process that crashes once a day restarts at once, while one that crashes at start backs off.
+Times are plain seconds on whatever monotonic clock the caller passes in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffConfig:
+    initial_s: float = 0.05
+    factor: float = 2.0
+    max_s: float = 5.0
+    healthy_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.initial_s < 0 or self.max_s < self.initial_s:
+            raise ValueError(f"need 0 <= initial_s <= max_s, got {self.initial_s}, {self.max_s}")
+        if self.factor < 1.0:
+            raise ValueError(f"factor must be >= 1, got {self.factor}")
+        if self.healthy_s < 0:
+            raise ValueError(f"healthy_s must be >= 0, got {self.healthy_s}")
+
+
+class Backoff:
+    """Tracks one restartable thing: call ``started`` when it comes up, ``failed`` when it dies."""
+
+    def __init__(self, config: BackoffConfig | None = None) -> None:
+        self.config = config or BackoffConfig()
+        self._consecutive_failures = 0
+        self._up_since_s: float | None = None
+
+    @property
+    def consecutive_failures(self) -> int:
+        return self._consecutive_failures
+
+    def started(self, now_s: float) -> None:
+        """It is up (again) as of ``now_s``."""
+        self._up_since_s = now_s
+
+    def failed(self, now_s: float) -> float:
+        """It died (or failed to start) at ``now_s``; returns how long to wait before retrying."""
+        if self._up_since_s is not None and now_s - self._up_since_s >= self.config.healthy_s:
+            self._consecutive_failures = 0
+        self._up_since_s = None
+        self._consecutive_failures += 1
+        return self.delay_s(self._consecutive_failures)
+
+    def delay_s(self, failures: int) -> float:
+        """The wait after ``failures`` consecutive failures (0 for none)."""
+        if failures <= 0:
+            return 0.0
+        delay_s = self.config.initial_s * self.config.factor ** min(failures - 1, 64)
+        return min(delay_s, self.config.max_s)

@@ -1,0 +1,121 @@
+"""Requests' tensors in and out of batches. Pure: numpy only.
+
+A request carries exactly one row of every input: the model's TensorSpec shape with the leading
+(batch) axis equal to 1. A batch stacks the rows of its requests in the order the core listed
+them and pads up to the action's batch size by repeating the last row (a real row keeps every
+kernel on its usual numeric path; zeros could hit slow denormal or special-case code). Output
+row ``i`` of a batch belongs to the ``i``-th request; a request gets views, not copies, of its
+rows.
+
+Invariants: ``validate_request`` accepts exactly what ``assemble_batch`` can stack; a model with
+a dynamic axis other than the batch axis accepts requests only if it runs at batch 1 alone
+(rows of different lengths cannot be stacked).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+import numpy as np
+
+from clockwork_async.wire.messages import TensorSpec
+
+
+class BadInput(ValueError):
+    """A request's tensors do not fit the model; the message names the first problem."""
+
+
+@lru_cache(maxsize=256)
+def _dtype(name: str) -> np.dtype[np.generic]:
+    return np.dtype(name)
+
+
+def validate_request(
+    model: str,
+    specs: Sequence[TensorSpec],
+    batch_sizes: Sequence[int],
+    inputs: Mapping[str, object],
+) -> None:
+    """Check that ``inputs`` hold exactly one row of every input of ``model``.
+
+    Raises BadInput naming the first problem: a missing or unexpected input, a value that is not
+    a numpy array, a wrong dtype, rank or shape.
+    """
+    if len(inputs) != len(specs) or any(spec.name not in inputs for spec in specs):
+        expected = sorted(spec.name for spec in specs)
+        missing = [name for name in expected if name not in inputs]
+        if missing:
+            raise BadInput(f"missing input {missing[0]!r} of model {model!r} (takes {expected})")
+        extra = sorted(name for name in inputs if name not in expected)
+        raise BadInput(f"unexpected input {extra[0]!r}: model {model!r} takes {expected}")
+    for spec in specs:
+        _check_row(model, spec, batch_sizes, inputs[spec.name])
+
+
+def _check_row(model: str, spec: TensorSpec, batch_sizes: Sequence[int], value: object) -> None:
+    if not isinstance(value, np.ndarray):
+        raise BadInput(f"input {spec.name!r} is a {type(value).__name__}, not a numpy array")
+    if value.dtype != _dtype(spec.dtype):
+        raise BadInput(f"input {spec.name!r} has dtype {value.dtype}, expected {spec.dtype}")
+    want = (1, *spec.shape[1:]) if spec.shape else ()
+    if value.ndim != len(want) or not spec.shape:
+        raise BadInput(
+            f"input {spec.name!r} has shape {value.shape}, expected one row like {want} "
+            f"(model {model!r} declares {spec.shape})"
+        )
+    for axis, (expected, got) in enumerate(zip(want, value.shape, strict=True)):
+        if expected == got:
+            continue
+        if expected == -1 and tuple(batch_sizes) == (1,):
+            continue  # a dynamic non-batch axis: fine when rows are never stacked
+        raise BadInput(
+            f"input {spec.name!r} has shape {value.shape}, expected one row like {want} "
+            f"(axis {axis}: {got} != {expected})"
+        )
+
+
+def assemble_batch(
+    specs: Sequence[TensorSpec],
+    rows: Sequence[Mapping[str, np.ndarray]],
+    batch_size: int,
+) -> dict[str, np.ndarray]:
+    """Stack one row per request and pad to ``batch_size`` by repeating the last row.
+
+    A lone request at batch size 1 is passed through without a copy. Raises ValueError if there
+    are no rows or more rows than ``batch_size``.
+    """
+    if not rows or len(rows) > batch_size:
+        raise ValueError(f"cannot put {len(rows)} request(s) into a batch of {batch_size}")
+    if batch_size == 1:
+        return {spec.name: rows[0][spec.name] for spec in specs}
+    return {spec.name: _stack(spec.name, rows, batch_size) for spec in specs}
+
+
+def _stack(name: str, rows: Sequence[Mapping[str, np.ndarray]], batch_size: int) -> np.ndarray:
+    first = rows[0][name]
+    batch = np.empty((batch_size, *first.shape[1:]), dtype=first.dtype)
+    for index, row in enumerate(rows):
+        batch[index] = row[name][0]
+    if len(rows) < batch_size:
+        batch[len(rows) :] = rows[-1][name][0]
+    return batch
+
+
+def output_rows(
+    outputs: Mapping[str, np.ndarray], index: int, batch_size: int
+) -> dict[str, np.ndarray]:
+    """Row ``index`` of every output of a batch of ``batch_size``, keeping the leading axis.
+
+    Read-only views, never copies, so one request cannot change another's rows. An output
+    without a leading batch axis (0-d, or a batch-1 model's fixed shape) is returned whole.
+    """
+    rows: dict[str, np.ndarray] = {}
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != batch_size or batch_size == 1:
+            row = array.view()
+        else:
+            row = array[index : index + 1]
+        row.flags.writeable = False
+        rows[name] = row
+    return rows

@@ -1,0 +1,493 @@
+"""Drives the pure controller core in real time against executor processes.
+
+Every event goes to ``Controller.handle(event, now_ns)`` with ``now_ns`` read from the injected
+monotonic clock at that moment; the commands it returns are performed at once: StartInfer
+stacks the requests' rows into a batch (`batching`), converts its window to the executor's
+clock (`clock_sync`) and sends Infer; StartLoad/StartUnload send Load/Unload; Reply answers a
+request; WakeAt arms the one `WakeTimer`. Results come back as ActionFinished in controller
+time, ``duration_ns`` being the measured execute (or load) phase.
+
+Invariants:
+- Each submitted request's ``on_reply`` is called exactly once: an accepted request leaves the
+  book before its callback runs, and every answer (core Reply, rejection at submit, drain,
+  close) goes through `_deliver`.
+- Events reach the core one at a time, in order (`dispatch.CoreRunner`).
+- An executor whose link goes down is reported to the core as ExecutorLeft exactly once per
+  join; the core resolves its outstanding actions (re-planned or answered), and the driver
+  forgets them, so a late reply can never resolve an action twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
+from functools import partial
+
+import numpy as np
+
+from clockwork_async.connection import ConnectionClosed
+from clockwork_async.core.config import ControllerConfig
+from clockwork_async.core.controller import Controller
+from clockwork_async.core.events import (
+    ActionFinished,
+    Command,
+    Event,
+    ExecutorJoined,
+    ExecutorLeft,
+    ModelRegistered,
+    ModelUnregistered,
+    Reply,
+    RequestArrived,
+    RequestCancelled,
+    Shutdown,
+    StartInfer,
+    StartLoad,
+    StartUnload,
+    Tick,
+    WakeAt,
+)
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.runtime.batching import BadInput, validate_request
+from clockwork_async.runtime.config import RuntimeConfig
+from clockwork_async.runtime.dispatch import CoreRunner
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
+from clockwork_async.runtime.executors import ExecutorPool
+from clockwork_async.runtime.models import (
+    RegisteredModel,
+    Registration,
+    drop_everywhere,
+    register_everywhere,
+)
+from clockwork_async.runtime.profiler import RegistrationProfile
+from clockwork_async.runtime.registration import ModelSource, RegistrationError
+from clockwork_async.runtime.requests import (
+    ActionRecord,
+    InferOutcome,
+    PendingRequest,
+    RequestBook,
+)
+from clockwork_async.runtime.snapshot import (
+    DriverSnapshot,
+    ExecutorRecord,
+    PredictionErrors,
+    model_snapshot,
+)
+from clockwork_async.runtime.supervisor import Supervisor
+from clockwork_async.runtime.timers import LagProbe, WakeTimer
+from clockwork_async.wire.messages import ActionResult, Message
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Driver", "InferOutcome", "RegisteredModel", "RegistrationError", "RuntimeConfig"]
+
+
+class DriverState(StrEnum):
+    RUNNING = "running"
+    DRAINING = "draining"  # new requests are refused; outstanding ones finish
+    CLOSED = "closed"
+
+
+_MOVES = {
+    DriverState.RUNNING: {DriverState.DRAINING, DriverState.CLOSED},
+    DriverState.DRAINING: {DriverState.CLOSED},
+    DriverState.CLOSED: set(),
+}
+
+
+OutcomeListener = Callable[[str, InferOutcome], None]  # (model, outcome)
+ActionListener = Callable[[ActionRecord, ActionResult], None]
+ExecutorListener = Callable[[str, bool, str], None]  # (executor id, up, reason)
+
+
+class Driver:
+    """The controller core, executor links and requests, on one asyncio loop."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        *,
+        now_ns: Callable[[], int] = time.monotonic_ns,
+        runtime: RuntimeConfig | None = None,
+        controller: Controller | None = None,
+    ) -> None:
+        self.config = config
+        self.runtime = runtime or RuntimeConfig()
+        self._now_ns = now_ns
+        controller = controller if controller is not None else Controller(config)
+        self._runner = CoreRunner(controller, now_ns, self._perform, self._after_event)
+        self._feed = self._runner.feed
+        self._state = DriverState.RUNNING
+        self._book = RequestBook()
+        self._models: dict[str, RegisteredModel] = {}
+        self._registering: dict[str, ModelSource] = {}
+        self._pool = ExecutorPool(
+            self.runtime.link,
+            now_ns,
+            known_models=self._known_models,
+            joined=self._executor_joined,
+            left=self._executor_left,
+        )
+        self._request_ids = itertools.count(1)
+        self._timer = WakeTimer(
+            self._on_wake,
+            now_ns=now_ns,
+            arm_early_ns=self.runtime.timer_arm_early_ns,
+            spin_below_ns=self.runtime.timer_spin_below_ns,
+        )
+        self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
+        self._drained = asyncio.Event()
+        self._idle_models: dict[str, asyncio.Event] = {}
+        self._send_ns = 0  # time encoding and writing actions to executor sockets
+        self._prediction_errors = PredictionErrors()
+        self.outcome_listeners: list[OutcomeListener] = []
+        self.action_listeners: list[ActionListener] = []
+        self.executor_listeners: list[ExecutorListener] = []
+
+    # --- executors ------------------------------------------------------------------------
+
+    async def attach_executor(self, executor_id: str, address: str, *, token: str = "") -> None:
+        """Connect to an executor and keep it connected; returns once it joined the core.
+
+        Raises ValueError for a duplicate id, LinkError if the first connection failed.
+        """
+        self._start()
+        await self._pool.attach(executor_id, address, token=token)
+
+    async def detach_executor(self, executor_id: str) -> None:
+        """Stop using an executor: its work is re-planned or answered. Raises KeyError."""
+        await self._pool.detach(executor_id)
+
+    async def attach_supervised(self, supervisor: Supervisor) -> None:
+        """Attach every executor of a started `Supervisor`; restarted ones reconnect at once,
+        and one whose link fails (dead, hung) is killed to be restarted. Raises LinkError."""
+        self._start()
+        await self._pool.attach_supervised(supervisor)
+
+    def executor_restarted(self, executor_id: str, address: str) -> None:
+        """A local executor's process was restarted and is ready at ``address``: reconnect
+        now rather than after the link's backoff."""
+        self._pool.restarted(executor_id, address)
+
+    def _known_models(self) -> dict[str, ModelSource]:
+        known = {name: model.source for name, model in self._models.items()}
+        known.update(self._registering)
+        return known
+
+    def _executor_joined(self, record: ExecutorRecord) -> None:
+        assert record.link is not None
+        info = record.link.info
+        record.loaded &= self._models.keys()
+        loaded = tuple(sorted(record.loaded))
+        self._feed(
+            ExecutorJoined(
+                record.executor_id, info.kind, info.pages_total, info.page_bytes, loaded=loaded
+            )
+        )
+        _call_all(self.executor_listeners, record.executor_id, True, "joined")
+
+    def _executor_left(self, record: ExecutorRecord, reason: str) -> None:
+        for action in self._book.actions_of(record.executor_id):
+            self._book.finish_action(action.action_id)
+            self._model_action_done(action.model)
+        self._feed(ExecutorLeft(record.executor_id, reason))
+        _call_all(self.executor_listeners, record.executor_id, False, reason)
+
+    # --- models -----------------------------------------------------------------------------
+
+    async def register_model(
+        self,
+        name: str,
+        path: str,
+        *,
+        batch_sizes: Sequence[int] = (),
+        group: str = "",
+        default_slo_ns: int = 100_000_000,
+        profile: RegistrationProfile | None = None,
+    ) -> RegisteredModel:
+        """Register ``path`` as model ``name`` on every executor, profile it where ``profile``
+        lacks the executors' kinds, then hand it to the core. Returns the RegisteredModel
+        (its ``profile`` is what to cache). Raises RegistrationError."""
+        self._start()
+        if name in self._models or name in self._registering:
+            raise RegistrationError(f"model {name!r} is already registered")
+        source = ModelSource(path, tuple(batch_sizes))
+        self._registering[name] = source
+        registration = Registration(name, source, group, default_slo_ns, profile)
+        try:
+            model = await register_everywhere(
+                registration,
+                self._pool.joined_links(),
+                self.runtime.profiler,
+                self._executor_now_ns,
+            )
+        except BaseException:
+            await drop_everywhere(name, self._pool.joined_links())
+            raise
+        finally:
+            del self._registering[name]
+        self._models[name] = model
+        self._feed(ModelRegistered(model.spec()))
+        return model
+
+    def _executor_now_ns(self, link: ExecutorLink) -> int:
+        return link.clock.to_executor_ns(self._now_ns())
+
+    async def unregister_model(self, name: str) -> None:
+        """Stop serving ``name``: queued requests are answered ``unknown_model`` by the core,
+        running ones finish; then it is unloaded and unregistered everywhere. Raises KeyError."""
+        if name not in self._models:
+            raise KeyError(f"model {name!r} is not registered")
+        del self._models[name]
+        self._feed(ModelUnregistered(name))
+        await self._wait_model_idle(name)
+        await drop_everywhere(name, self._pool.joined_links())
+        for record in self._pool.records.values():
+            record.loaded.discard(name)
+
+    async def _wait_model_idle(self, name: str) -> None:
+        while self._book.actions_for_model(name):
+            event = self._idle_models.setdefault(name, asyncio.Event())
+            await event.wait()
+            self._idle_models.pop(name, None)
+
+    def _model_action_done(self, model: str) -> None:
+        event = self._idle_models.get(model)
+        if event is not None and not self._book.actions_for_model(model):
+            event.set()
+
+    def models(self) -> dict[str, RegisteredModel]:
+        return dict(self._models)
+
+    # --- requests ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_ns: int,
+        on_reply: Callable[[InferOutcome], None],
+    ) -> int:
+        """Accept a request (one row per input) due by ``deadline_ns`` (controller clock).
+
+        Returns its id. ``on_reply`` is called exactly once, possibly before this returns. The
+        inputs must not be changed until then (they may go out without a copy).
+        """
+        request_id = next(self._request_ids)
+        now_ns = self._now_ns()
+        request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
+        served = self._models.get(model)
+        if self._state is not DriverState.RUNNING:
+            self._reject(request, Outcome.SHUTTING_DOWN, "the server is shutting down")
+        elif served is None:
+            self._reject(request, Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered")
+        else:
+            try:
+                validate_request(model, served.inputs, served.batch_sizes, inputs)
+            except BadInput as error:
+                self._reject(request, Outcome.BAD_INPUT, str(error))
+            else:
+                self._start()
+                self._book.add_request(request)
+                self._feed(RequestArrived(request_id, model, deadline_ns))
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
+        running (then its result still comes). Unknown or answered ids are ignored."""
+        if self._book.request(request_id) is not None:
+            self._feed(RequestCancelled(request_id))
+
+    def _reject(self, request: PendingRequest, outcome: Outcome, message: str) -> None:
+        self._deliver(request, self._book.rejection(request, outcome, message, self._now_ns()))
+
+    # --- the core ------------------------------------------------------------------------------
+
+    def _after_event(self, event: Event) -> None:
+        if isinstance(event, ActionFinished):  # its replies are out: its outputs can go
+            action = self._book.finish_action(event.action_id)
+            if action is not None:
+                self._model_action_done(action.model)
+
+    def _perform(self, command: Command, now_ns: int) -> int:
+        """Carry out one command; returns ns spent in callers' callbacks."""
+        if isinstance(command, StartInfer):
+            self._start_infer(command, now_ns)
+        elif isinstance(command, Reply):
+            return self._reply(command)
+        elif isinstance(command, WakeAt):
+            self._timer.arm(command.time_ns)
+        elif isinstance(command, StartLoad | StartUnload):
+            self._start_weights(command, now_ns)
+        else:
+            log.error("unknown command %r", command)
+        return 0
+
+    def _on_wake(self) -> None:
+        self._feed(Tick())
+
+    # --- actions ----------------------------------------------------------------------------
+
+    def _link_for(self, executor_id: str) -> ExecutorLink | None:
+        return self._pool.link_for(executor_id)
+
+    def _start_infer(self, command: StartInfer, now_ns: int) -> None:
+        link = self._link_for(command.executor_id)
+        model = self._models.get(command.model)
+        if link is None or model is None:
+            self._action_failed(command.executor_id, command.action_id, "no such executor/model")
+            return
+        action = ActionRecord.infer(command, now_ns)
+        message = self._book.infer_message(action, model.inputs, link.clock.offset_ns)
+        if message is None:
+            self._action_failed(command.executor_id, command.action_id, "its requests are gone")
+            return
+        self._send(link, action, message)
+
+    def _start_weights(self, command: StartLoad | StartUnload, now_ns: int) -> None:
+        link = self._link_for(command.executor_id)
+        if link is None:
+            self._action_failed(command.executor_id, command.action_id, "no such executor")
+        elif isinstance(command, StartLoad):
+            action = ActionRecord.load(command, now_ns)
+            self._send(link, action, action.load_message(link.clock.offset_ns))
+        else:
+            action = ActionRecord.unload(command, now_ns)
+            self._send(link, action, action.unload_message())
+
+    def _send(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
+        self._book.add_action(action)
+        started_ns = time.perf_counter_ns()
+        try:
+            link.send_action(message, action.action_id, partial(self._on_result, link, action))
+            self._send_ns += time.perf_counter_ns() - started_ns
+        except (LinkDown, ConnectionClosed) as error:
+            # The socket died before the reader noticed: the executor leaves now, and the core
+            # re-plans this action's requests with the rest of its work.
+            link.fail(f"sending failed: {error}")
+        except Exception as error:  # EncodeError or a bug: this action alone fails
+            log.exception("sending action %d to %s failed", action.action_id, action.executor_id)
+            self._book.finish_action(action.action_id)
+            self._action_failed(action.executor_id, action.action_id, str(error))
+
+    def _action_failed(self, executor_id: str, action_id: int, why: str) -> None:
+        log.debug("action %d on %s not sent: %s", action_id, executor_id, why)
+        self._feed(ActionFinished(executor_id, action_id, code="internal"))
+
+    def _on_result(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
+        if self._book.action(action.action_id) is not action:
+            return  # resolved already (its executor left)
+        if not isinstance(message, ActionResult):
+            message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
+        action.result = message
+        record = self._pool.records.get(action.executor_id)
+        if record is not None:
+            record.pages_free = message.pages_free or record.pages_free
+            action.track_loaded(record.loaded, message)
+        if action.kind == "infer" and message.ok:
+            self._prediction_errors.add(
+                action.model, message.durations_ns.get("execute", 0) - action.predicted_ns
+            )
+        _call_all(self.action_listeners, action, message)
+        self._feed(action.finished_event(message, link.clock.offset_ns))
+
+    # --- replies ----------------------------------------------------------------------------
+
+    def _reply(self, reply: Reply) -> int:
+        request = self._book.pop_request(reply.request_id)
+        if request is None:
+            log.debug("reply to unknown request %d (%s) ignored", reply.request_id, reply.outcome)
+            return 0
+        outcome = self._book.outcome(request, reply, self._now_ns())
+        started_ns = time.perf_counter_ns()
+        self._deliver(request, outcome)
+        return time.perf_counter_ns() - started_ns
+
+    def _deliver(self, request: PendingRequest, outcome: InferOutcome) -> None:
+        self._book.count(outcome.outcome)
+        _call_quietly(request.on_reply, outcome)
+        _call_all(self.outcome_listeners, request.model, outcome)
+        if self._state is DriverState.DRAINING and not self._book.request_count:
+            self._drained.set()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def _enter(self, state: DriverState) -> None:
+        """The one state transition. Raises RuntimeError for a move that cannot happen."""
+        if state not in _MOVES[self._state]:
+            raise RuntimeError(f"driver cannot go from {self._state} to {state}")
+        self._state = state
+
+    def _start(self) -> None:
+        if not self._lag.running and self._state is not DriverState.CLOSED:
+            self._lag.start()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new requests (``shutting_down``); wait up to ``timeout_s`` for the outstanding
+        ones, then answer the rest ``shutting_down``."""
+        if self._state is DriverState.RUNNING:
+            self._enter(DriverState.DRAINING)
+            self._feed(Shutdown())
+        if self._book.request_count:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+        self._answer_all(Outcome.SHUTTING_DOWN, "the server is shutting down")
+
+    def _answer_all(self, outcome: Outcome, message: str) -> None:
+        for request in self._book.pop_all_requests():
+            self._deliver(request, self._book.rejection(request, outcome, message, self._now_ns()))
+            self._feed(RequestCancelled(request.request_id))  # the core forgets it
+
+    async def close(self) -> None:
+        """Answer what is left ``shutting_down``, stop timers and close every link."""
+        if self._state is DriverState.CLOSED:
+            return
+        self._enter(DriverState.CLOSED)
+        self._answer_all(Outcome.SHUTTING_DOWN, "the server is shutting down")
+        self._timer.cancel()
+        self._lag.stop()
+        await self._pool.close()
+
+    # --- observation ---------------------------------------------------------------------------
+
+    def snapshot(self) -> DriverSnapshot:
+        """Executors, models, queue depth, outcome counts, prediction errors, loop lag, cost."""
+        submitted = self._book.submitted
+        return DriverSnapshot(
+            state=self._state.value,
+            executors=tuple(
+                r.snapshot(len(self._book.actions_of(r.executor_id)))
+                for r in self._pool.records.values()
+            ),
+            models=tuple(
+                model_snapshot(m, self._pool.records.values()) for m in self._models.values()
+            ),
+            queue_depth=self._book.request_count,
+            submitted=submitted,
+            outcomes=dict(self._book.outcomes),
+            prediction_errors=self._prediction_errors.snapshot(),
+            loop_lag=self._lag.stats(),
+            timer=self._timer.stats(),
+            core_ns_per_request=self._runner.core_ns / submitted if submitted else 0.0,
+            driver_ns_per_request=self._runner.dispatch_ns / submitted if submitted else 0.0,
+            send_ns_per_request=self._send_ns / submitted if submitted else 0.0,
+        )
+
+
+def _call_quietly(callback: Callable[..., object], *args: object) -> None:
+    """Run a caller's callback; its exception is logged, never propagated into the driver."""
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("a callback raised")
+
+
+def _call_all(listeners: Sequence[Callable[..., object]], *args: object) -> None:
+    for listener in listeners:
+        _call_quietly(listener, *args)

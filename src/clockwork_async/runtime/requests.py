@@ -1,0 +1,260 @@
+"""The driver's book of outstanding requests and actions, and what a caller gets back.
+
+Invariants: a request is in the book from acceptance until it is popped to be answered (so it
+is answered once); an action is in the book from the moment it is sent until its ActionFinished
+has been handled or its executor left; ``actions_of``/``actions_for_model`` index exactly the
+actions in the book.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.runtime.batching import assemble_batch, output_rows
+from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
+
+_WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
+
+
+@dataclass(frozen=True, slots=True)
+class InferOutcome:
+    """What a caller gets back, exactly once per submit."""
+
+    request_id: int
+    outcome: Outcome
+    message: str
+    outputs: dict[str, np.ndarray]  # this request's rows (read-only views), for OK and LATE
+    timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
+    executor_id: str | None
+    batch_size: int
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    request_id: int
+    model: str
+    inputs: Mapping[str, np.ndarray]
+    on_reply: Callable[[InferOutcome], None]
+    arrival_ns: int
+    deadline_ns: int
+    sent_ns: int = 0  # when the last INFER carrying it went out
+
+
+@dataclass(slots=True)
+class ActionRecord:
+    """An action sent to an executor and not resolved yet."""
+
+    kind: str  # "infer" | "load" | "unload"
+    executor_id: str
+    action_id: int
+    model: str
+    sent_ns: int
+    earliest_ns: int = 0
+    latest_ns: int = 0
+    request_ids: tuple[int, ...] = ()
+    batch_size: int = 0
+    predicted_ns: int = 0
+    result: ActionResult | None = None
+
+    @classmethod
+    def infer(cls, command: StartInfer, now_ns: int) -> ActionRecord:
+        return cls(
+            "infer",
+            command.executor_id,
+            command.action_id,
+            command.model,
+            now_ns,
+            command.earliest_ns,
+            command.latest_ns,
+            command.request_ids,
+            command.batch_size,
+            command.predicted_ns,
+        )
+
+    @classmethod
+    def load(cls, command: StartLoad, now_ns: int) -> ActionRecord:
+        return cls(
+            "load",
+            command.executor_id,
+            command.action_id,
+            command.model,
+            now_ns,
+            command.earliest_ns,
+            command.latest_ns,
+        )
+
+    @classmethod
+    def unload(cls, command: StartUnload, now_ns: int) -> ActionRecord:
+        return cls("unload", command.executor_id, command.action_id, command.model, now_ns)
+
+    def load_message(self, offset_ns: int) -> Load:
+        """The Load, its window in the executor's clock (``offset_ns`` = executor - ours)."""
+        return Load(
+            self.action_id, self.model, self.earliest_ns + offset_ns, self.latest_ns + offset_ns
+        )
+
+    def unload_message(self) -> Unload:
+        return Unload(self.action_id, self.model)
+
+    def finished_event(self, result: ActionResult, offset_ns: int) -> ActionFinished:
+        """The core's view of ``result``: controller-clock times, the predicted phase."""
+        phase = {"infer": "execute", "load": "load"}.get(self.kind, "")
+        return ActionFinished(
+            self.executor_id,
+            self.action_id,
+            code=result.code,
+            start_ns=result.start_ns - offset_ns if result.start_ns else 0,
+            end_ns=result.end_ns - offset_ns if result.end_ns else 0,
+            duration_ns=result.durations_ns.get(phase, 0) if phase else 0,
+        )
+
+    def track_loaded(self, loaded: set[str], result: ActionResult) -> None:
+        """Keep an executor's set of loaded models in step with this action's result."""
+        if result.ok and self.kind == "load":
+            loaded.add(self.model)
+        elif result.ok and self.kind == "unload":
+            loaded.discard(self.model)
+
+
+@dataclass(slots=True)
+class RequestBook:
+    """Outstanding requests and actions, with the indexes the driver asks about."""
+
+    _requests: dict[int, PendingRequest] = field(default_factory=dict)
+    _actions: dict[int, ActionRecord] = field(default_factory=dict)
+    _by_executor: dict[str, dict[int, ActionRecord]] = field(default_factory=dict)
+    _by_model: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    submitted: int = 0  # requests accepted into the book (handed to the core)
+
+    # Requests.
+
+    @property
+    def request_count(self) -> int:
+        return len(self._requests)
+
+    def add_request(self, request: PendingRequest) -> None:
+        self._requests[request.request_id] = request
+        self.submitted += 1
+
+    def request(self, request_id: int) -> PendingRequest | None:
+        return self._requests.get(request_id)
+
+    def pop_request(self, request_id: int) -> PendingRequest | None:
+        return self._requests.pop(request_id, None)
+
+    def pop_all_requests(self) -> list[PendingRequest]:
+        requests = list(self._requests.values())
+        self._requests.clear()
+        return requests
+
+    def count(self, outcome: Outcome) -> None:
+        self.outcomes[outcome.value] += 1
+
+    # Actions.
+
+    def add_action(self, action: ActionRecord) -> None:
+        self._actions[action.action_id] = action
+        self._by_executor.setdefault(action.executor_id, {})[action.action_id] = action
+        self._by_model[action.model] += 1
+
+    def action(self, action_id: int) -> ActionRecord | None:
+        return self._actions.get(action_id)
+
+    def finish_action(self, action_id: int) -> ActionRecord | None:
+        """Forget an action; returns it (None if it was not in the book)."""
+        action = self._actions.pop(action_id, None)
+        if action is not None:
+            self._by_executor[action.executor_id].pop(action_id, None)
+            self._by_model[action.model] -= 1
+            if not self._by_model[action.model]:
+                del self._by_model[action.model]
+        return action
+
+    def actions_of(self, executor_id: str) -> list[ActionRecord]:
+        return list(self._by_executor.get(executor_id, {}).values())
+
+    def actions_for_model(self, model: str) -> int:
+        return self._by_model.get(model, 0)
+
+    # Messages and outcomes.
+
+    def infer_message(
+        self, action: ActionRecord, specs: Sequence[TensorSpec], offset_ns: int
+    ) -> Infer | None:
+        """The Infer for ``action``: its requests' rows in order, padded to its batch size
+        (a request gone meanwhile keeps its row filled by another). None if all are gone."""
+        rows: list[Mapping[str, np.ndarray] | None] = []
+        filler: Mapping[str, np.ndarray] | None = None
+        for request_id in action.request_ids:
+            request = self._requests.get(request_id)
+            if request is not None:
+                request.sent_ns = action.sent_ns
+                filler = request.inputs if filler is None else filler
+            rows.append(request.inputs if request is not None else None)
+        if filler is None:
+            return None
+        batch = assemble_batch(
+            specs, [row if row is not None else filler for row in rows], action.batch_size
+        )
+        return Infer(
+            action.action_id,
+            action.model,
+            action.batch_size,
+            batch,
+            action.earliest_ns + offset_ns,
+            action.latest_ns + offset_ns,
+        )
+
+    def outcome(self, request: PendingRequest, reply: Reply, now_ns: int) -> InferOutcome:
+        """The InferOutcome for the core's ``reply`` to ``request``."""
+        action = self._actions.get(reply.action_id) if reply.action_id is not None else None
+        result = action.result if action is not None else None
+        outcome, message = reply.outcome, reply.message
+        outputs: dict[str, np.ndarray] = {}
+        timing = _timing(request, now_ns)
+        if action is not None and result is not None:
+            timing.update(_action_timing(action, result))
+            if outcome in _WITH_OUTPUTS and result.ok:
+                index = action.request_ids.index(request.request_id)
+                outputs = output_rows(result.outputs, index, action.batch_size)
+        if outcome in _WITH_OUTPUTS and (result is None or not result.ok):
+            outcome, message = Outcome.FAILED, "internal error: the result of its batch is missing"
+        executor_id = reply.executor_id or (action.executor_id if action is not None else None)
+        batch_size = action.batch_size if action is not None else 0
+        return InferOutcome(
+            request.request_id, outcome, message, outputs, timing, executor_id, batch_size
+        )
+
+    def rejection(
+        self, request: PendingRequest, outcome: Outcome, message: str, now_ns: int
+    ) -> InferOutcome:
+        """An answer without a result (rejected at arrival, or answered while shutting down)."""
+        return InferOutcome(
+            request.request_id, outcome, message, {}, _timing(request, now_ns), None, 0
+        )
+
+
+def _timing(request: PendingRequest, now_ns: int) -> dict[str, int]:
+    queued_until_ns = request.sent_ns or now_ns
+    return {
+        "total": now_ns - request.arrival_ns,
+        "queue": queued_until_ns - request.arrival_ns,
+        "execute": 0,
+        "predicted_execute": 0,
+    }
+
+
+def _action_timing(action: ActionRecord, result: ActionResult) -> dict[str, int]:
+    timing = {
+        "predicted_execute": action.predicted_ns,
+        "executor": max(0, result.end_ns - result.start_ns) if result.start_ns else 0,
+    }
+    timing.update(result.durations_ns)  # execute, copy_in, copy_out as measured
+    return timing

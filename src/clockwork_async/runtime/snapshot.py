@@ -1,0 +1,150 @@
+"""Read-only views of the driver's state for stats, metrics and health (built on demand).
+
+Invariant: every snapshot is a frozen value; nothing in it refers back to live driver state.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkKeeper
+from clockwork_async.runtime.timers import LagStats, TimerStats
+
+if TYPE_CHECKING:
+    from clockwork_async.runtime.models import RegisteredModel
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorSnapshot:
+    executor_id: str
+    address: str
+    up: bool
+    kind: str
+    pages_used: int
+    pages_total: int
+    loaded: tuple[str, ...]
+    restarts: int  # process restarts (local executors)
+    reconnects: int  # links brought up after the first
+    outstanding_actions: int
+    clock_offset_ns: int  # executor clock minus controller clock
+    clock_error_ns: int  # half the best round trip: the offset's error bound
+    rtt_ns: int  # last ping round trip
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    name: str
+    group: str
+    batch_sizes: tuple[int, ...]
+    weights_pages: int
+    loaded_on: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionErrorStats:
+    """Measured minus predicted execute time over finished INFERs (positive: slower than
+    predicted). Percentiles over the most recent ``window`` samples."""
+
+    count: int
+    mean_ns: float
+    p50_ns: int
+    p99_ns: int
+    min_ns: int
+    max_ns: int
+    underpredicted: int  # samples that ran longer than predicted
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSnapshot:
+    state: str
+    executors: tuple[ExecutorSnapshot, ...]
+    models: tuple[ModelSnapshot, ...]
+    queue_depth: int  # requests accepted and not answered yet
+    submitted: int  # requests handed to the core
+    outcomes: Mapping[str, int]  # outcome value -> count, rejections included
+    prediction_errors: PredictionErrorStats
+    loop_lag: LagStats
+    timer: TimerStats
+    core_ns_per_request: float  # time in Controller.handle, per request
+    driver_ns_per_request: float  # all event handling (core and sends included), per request
+    send_ns_per_request: float  # encoding and writing actions to executor sockets, per request
+
+
+class PredictionErrors:
+    """Accumulates prediction errors; `snapshot` summarises them."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._recent: deque[int] = deque(maxlen=window)
+        self._count = 0
+        self._total_ns = 0
+        self._under = 0
+        self._min_ns = 0
+        self._max_ns = 0
+
+    def add(self, model: str, error_ns: int) -> None:
+        del model  # kept in the signature for per-model breakdowns later
+        self._recent.append(error_ns)
+        self._min_ns = error_ns if not self._count else min(self._min_ns, error_ns)
+        self._max_ns = error_ns if not self._count else max(self._max_ns, error_ns)
+        self._count += 1
+        self._total_ns += error_ns
+        self._under += error_ns > 0
+
+    def snapshot(self) -> PredictionErrorStats:
+        if not self._count:
+            return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
+        ordered = sorted(self._recent)
+        pick = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+        return PredictionErrorStats(
+            count=self._count,
+            mean_ns=self._total_ns / self._count,
+            p50_ns=ordered[len(ordered) // 2],
+            p99_ns=pick,
+            min_ns=self._min_ns,
+            max_ns=self._max_ns,
+            underpredicted=self._under,
+        )
+
+
+@dataclass(slots=True)
+class ExecutorRecord:
+    """The driver's live view of one attached executor (not a snapshot: it changes)."""
+
+    executor_id: str
+    keeper: LinkKeeper | None = None
+    link: ExecutorLink | None = None  # set while joined
+    kind: str = ""
+    pages_total: int = 0
+    pages_free: int = 0
+    loaded: set[str] = field(default_factory=set)
+    restarts: int = 0  # counted by `Driver.executor_restarted`
+
+    def snapshot(self, outstanding_actions: int) -> ExecutorSnapshot:
+        link, keeper = self.link, self.keeper
+        return ExecutorSnapshot(
+            executor_id=self.executor_id,
+            address=keeper.address if keeper is not None else "",
+            up=link is not None and link.up,
+            kind=self.kind,
+            pages_used=self.pages_total - self.pages_free,
+            pages_total=self.pages_total,
+            loaded=tuple(sorted(self.loaded)),
+            restarts=self.restarts,
+            reconnects=max(0, (keeper.connects if keeper is not None else 0) - 1),
+            outstanding_actions=outstanding_actions,
+            clock_offset_ns=link.clock.offset_ns if link is not None else 0,
+            clock_error_ns=link.clock.error_bound_ns if link is not None else 0,
+            rtt_ns=link.last_rtt_ns if link is not None else 0,
+            last_error=keeper.last_error if keeper is not None else "",
+        )
+
+
+def model_snapshot(model: RegisteredModel, records: Iterable[ExecutorRecord]) -> ModelSnapshot:
+    """A model and the executors it is loaded on."""
+    loaded_on = tuple(r.executor_id for r in records if model.name in r.loaded)
+    group = model.group or model.name
+    return ModelSnapshot(model.name, group, model.batch_sizes, model.weights_pages, loaded_on)

@@ -1,0 +1,299 @@
+"""Spawns local executor processes, waits until each is ready, restarts the dead, stops them all.
+
+Each executor is ``python -m clockwork_async.executors.main`` listening on a Unix socket in the
+supervisor's run folder; it is ready when it prints ``ready <address>``. A process that exits
+(or is killed because its link stopped answering) is restarted after a backoff
+(`backoff.Backoff`: exponential, reset after a healthy period), and ``on_ready`` is told its
+address again so the controller reconnects at once.
+
+States of one child: ``STARTING -> RUNNING -> BACKING_OFF -> STARTING ...``, ``-> STOPPED``
+once the supervisor closes. Invariant: after ``close`` no child process is left running (SIGTERM,
+then SIGKILL after ``stop_timeout_s``), and each is waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+
+from clockwork_async.runtime.backoff import Backoff, BackoffConfig
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+TOKEN_ENV = "CLOCKWORK_EXECUTOR_TOKEN"  # read by the executor; argv would show it in ps
+
+
+class SupervisorError(RuntimeError):
+    """An executor process could not be started (exited early, never became ready)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorSpec:
+    """How to start one local executor process."""
+
+    name: str
+    backend: str = "onnxruntime"
+    cpus: tuple[int, ...] = ()
+    page_bytes: int = 16 * MIB
+    weights_bytes: int | None = None  # None: the backend's default
+    intra_op_threads: int = 1
+    slowdown: float = 1.0
+    token: str = ""
+    extra_args: tuple[str, ...] = ()  # e.g. ("--profile-file", PATH, "--noise", "0.01")
+
+    def argv(self, listen: str, python: str = sys.executable) -> list[str]:
+        """The command line that starts this executor listening on ``listen``."""
+        args = [python, "-m", "clockwork_async.executors.main", "--backend", self.backend]
+        args += ["--listen", listen, "--name", self.name, "--page-bytes", str(self.page_bytes)]
+        if self.weights_bytes is not None:
+            args += ["--weights-bytes", str(self.weights_bytes)]
+        if self.cpus:
+            args += ["--cpus", ",".join(str(cpu) for cpu in self.cpus)]
+        args += ["--intra-op-threads", str(self.intra_op_threads)]
+        if self.slowdown != 1.0:
+            args += ["--slowdown", repr(self.slowdown)]
+        return [*args, *self.extra_args]
+
+
+def default_specs(
+    cpus: Sequence[int] | None = None, *, template: ExecutorSpec | None = None
+) -> list[ExecutorSpec]:
+    """One executor per CPU left after the controller's (the lowest CPU), each pinned to its
+    CPU and named ``cpuN``; one sharing the controller's CPU when there is only one. The other
+    fields come from ``template`` (default: an ONNX Runtime executor)."""
+    available = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if not available:
+        raise ValueError("no CPU to run an executor on")
+    base = template or ExecutorSpec(name="cpu")
+    return [replace(base, name=f"cpu{cpu}", cpus=(cpu,)) for cpu in available[1:] or available[:1]]
+
+
+def controller_cpu(cpus: Sequence[int] | None = None) -> int:
+    """The CPU `default_specs` leaves to the controller."""
+    return min(os.sched_getaffinity(0) if cpus is None else cpus)
+
+
+def pin_controller(cpus: Sequence[int] | None = None) -> int:
+    """Pin this process (the controller) to `controller_cpu`, away from the executors; returns
+    the CPU. Unpinned, the controller can land on an executor's CPU, and each action's socket
+    write then hands that CPU to the executor it woke (measured: ~5x the cost of a send).
+    Call it after `default_specs` (which reads this process's CPUs): executors spawned later
+    inherit the pin unless their spec names CPUs (the default specs do).
+    Raises OSError if the affinity cannot be set."""
+    cpu = controller_cpu(cpus)
+    os.sched_setaffinity(0, {cpu})
+    return cpu
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorConfig:
+    ready_timeout_s: float = 60.0  # importing onnxruntime on a loaded box takes a while
+    stop_timeout_s: float = 5.0  # SIGTERM, then SIGKILL after this
+    backoff: BackoffConfig = field(
+        default_factory=lambda: BackoffConfig(initial_s=0.1, max_s=10.0, healthy_s=30.0)
+    )
+    run_dir: Path | None = None  # where the sockets go; None: a fresh temporary folder
+    python: str = sys.executable
+    log_level: str = "WARNING"  # the executors' stderr logging
+
+
+class ChildState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKING_OFF = "backing_off"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class Child:
+    """One supervised executor process."""
+
+    spec: ExecutorSpec
+    listen: str
+    state: ChildState = ChildState.STARTING
+    address: str = ""
+    process: asyncio.subprocess.Process | None = None
+    starts: int = 0
+    last_exit: int | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+    watcher: asyncio.Task[None] | None = None
+    stdout_reader: asyncio.Task[None] | None = None
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+
+ReadyCallback = Callable[[str, str], None]  # (executor name, address)
+
+
+class Supervisor:
+    """Starts ``specs`` as child processes and keeps them running until `close`."""
+
+    def __init__(
+        self,
+        specs: Sequence[ExecutorSpec],
+        config: SupervisorConfig | None = None,
+        *,
+        on_ready: ReadyCallback | None = None,
+    ) -> None:
+        names = [spec.name for spec in specs]
+        if len(set(names)) != len(names) or not names:
+            raise ValueError(f"executor names must be unique and non-empty: {names}")
+        self.config = config or SupervisorConfig()
+        self.on_ready: ReadyCallback = on_ready or (lambda _name, _address: None)
+        self._owns_run_dir = self.config.run_dir is None
+        run_dir = self.config.run_dir or Path(tempfile.mkdtemp(prefix="clockwork-executors-"))
+        self.run_dir = run_dir
+        self.children = {
+            spec.name: Child(
+                spec,
+                f"unix:{run_dir / (spec.name + '.sock')}",
+                backoff=Backoff(self.config.backoff),
+            )
+            for spec in specs
+        }
+        self._closing = False
+
+    async def start(self) -> dict[str, str]:
+        """Start every executor and wait until all are ready; returns name -> address.
+
+        Raises SupervisorError (after stopping the others) if one cannot start.
+        """
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        results = await asyncio.gather(
+            *(self._spawn(child) for child in self.children.values()), return_exceptions=True
+        )
+        errors = [result for result in results if isinstance(result, BaseException)]
+        if errors:
+            await self.close()
+            raise SupervisorError("; ".join(str(error) for error in errors))
+        for child in self.children.values():
+            child.watcher = asyncio.create_task(self._watch(child), name=f"watch-{child.spec.name}")
+        return {name: child.address for name, child in self.children.items()}
+
+    def kill(self, name: str, reason: str) -> bool:
+        """SIGKILL a running executor (hung, or its link failed); it is restarted. Returns
+        whether a live process was killed."""
+        child = self.children[name]
+        process = child.process
+        if self._closing or process is None or process.returncode is not None:
+            return False
+        log.warning("killing executor %s (pid %d): %s", name, process.pid, reason)
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        return True
+
+    async def close(self) -> None:
+        """Stop every executor: SIGTERM, SIGKILL after ``stop_timeout_s``; wait for each."""
+        self._closing = True
+        watchers = [c.watcher for c in self.children.values() if c.watcher is not None]
+        for watcher in watchers:
+            watcher.cancel()
+        await asyncio.gather(*watchers, return_exceptions=True)
+        await asyncio.gather(*(self._stop(child) for child in self.children.values()))
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    # --- one child ------------------------------------------------------------------------------
+
+    async def _spawn(self, child: Child) -> None:
+        """Start ``child`` and wait for its ``ready`` line. Raises SupervisorError."""
+        child.state = ChildState.STARTING
+        child.starts += 1
+        socket_path = Path(child.listen.removeprefix("unix:"))
+        socket_path.unlink(missing_ok=True)
+        env = {**os.environ, TOKEN_ENV: child.spec.token}
+        argv = child.spec.argv(child.listen, self.config.python)
+        argv += ["--log-level", self.config.log_level]
+        child.process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # a terminal's ^C reaches the daemon, which stops these
+        )
+        try:
+            child.address = await asyncio.wait_for(
+                self._read_ready(child), self.config.ready_timeout_s
+            )
+        except (TimeoutError, SupervisorError) as error:
+            await self._stop(child)
+            if isinstance(error, TimeoutError):
+                message = f"not ready after {self.config.ready_timeout_s} s"
+                raise SupervisorError(f"executor {child.spec.name}: {message}") from None
+            raise
+        child.stdout_reader = asyncio.create_task(self._drain_stdout(child))
+        child.state = ChildState.RUNNING
+        child.backoff.started(time.monotonic())
+        log.info("executor %s ready at %s (pid %d)", child.spec.name, child.address, child.pid)
+
+    async def _read_ready(self, child: Child) -> str:
+        assert child.process is not None and child.process.stdout is not None
+        while True:
+            line = await child.process.stdout.readline()
+            if not line:
+                code = await child.process.wait()
+                raise SupervisorError(f"executor {child.spec.name} exited with {code} at start")
+            text = line.decode(errors="replace").strip()
+            if text.startswith("ready "):
+                return text.removeprefix("ready ").strip()
+            log.info("executor %s: %s", child.spec.name, text)
+
+    async def _drain_stdout(self, child: Child) -> None:
+        """Keep reading the child's stdout so it never blocks on a full pipe."""
+        process = child.process
+        assert process is not None and process.stdout is not None
+        while line := await process.stdout.readline():
+            log.info("executor %s: %s", child.spec.name, line.decode(errors="replace").rstrip())
+
+    async def _watch(self, child: Child) -> None:
+        """Restart ``child`` whenever its process ends, after the backoff."""
+        while not self._closing:
+            assert child.process is not None
+            child.last_exit = await child.process.wait()
+            log.warning("executor %s exited with %s", child.spec.name, child.last_exit)
+            child.state = ChildState.BACKING_OFF
+            await asyncio.sleep(child.backoff.failed(time.monotonic()))
+            try:
+                await self._spawn(child)
+            except SupervisorError as error:
+                log.warning("restarting executor %s failed: %s", child.spec.name, error)
+                continue
+            self.on_ready(child.spec.name, child.address)
+
+    async def _stop(self, child: Child) -> None:
+        process = child.process
+        child.state = ChildState.STOPPED
+        if process is None:
+            return
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), self.config.stop_timeout_s)
+            except TimeoutError:
+                log.warning("executor %s ignored SIGTERM; killing it", child.spec.name)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        if child.stdout_reader is not None:
+            child.stdout_reader.cancel()
+            await asyncio.gather(child.stdout_reader, return_exceptions=True)
+            child.stdout_reader = None
