@@ -1,0 +1,449 @@
+"""The executor host: the registry of models, their states, page accounting and action dispatch
+to lanes. Transport-free: `main.py` feeds it decoded actions and sends back its replies.
+
+Invariants:
+- Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), delivered on
+  the event loop thread through ``post``; every `ActionResult` carries ``pages_free``.
+- A model moves only along ``REGISTERING -> REGISTERED -> LOADING -> LOADED -> UNLOADING ->
+  REGISTERED`` (plus ``LOADING -> REGISTERED`` when a load fails, and out of the registry from
+  ``REGISTERING`` or ``REGISTERED``); any other move raises `InvalidTransition`.
+- Lanes: LOAD runs in the ``load`` lane; INFER and UNLOAD in the ``execute`` lane, so an
+  UNLOAD never runs while an INFER of its model is running, and an INFER ordered behind the
+  UNLOAD of its model answers NOT_LOADED. RegisterModel/UnregisterModel run in a private
+  ``register`` lane so reading model files never delays a timed action.
+- UNLOAD releases the backend's session (``backend.unload``) before its pages go back to the
+  cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
+  a session can still read it. The host never evicts on its own.
+- A backend exception answers INTERNAL (or its BackendError code) and the executor serves on.
+- Registry and page cache are guarded by one lock, held only for bookkeeping, never while a
+  backend runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
+from typing import TypeVar
+
+import numpy as np
+
+from clockwork_async.wire.messages import (
+    ActionResult,
+    ErrorCode,
+    ExecutorInfo,
+    GetState,
+    Infer,
+    Load,
+    Message,
+    ModelInfo,
+    RegisterModel,
+    State,
+    Unload,
+    UnregisterModel,
+)
+
+from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
+from .lanes import NEVER_NS, Lane, LaneClock, LaneClosed, LaneJob, Rejection
+from .pages import NoPages, PageCache
+from .validation import Refused, validate_inputs, validate_window
+
+log = logging.getLogger(__name__)
+
+Reply = Callable[[Message], None]
+Post = Callable[[Callable[[], None]], object]  # run a callable on the event loop thread
+ExecutorAction = RegisterModel | UnregisterModel | Load | Infer | Unload | GetState
+
+A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
+
+REGISTER_LANE = "register"
+LOAD_LANE = "load"
+EXECUTE_LANE = "execute"
+
+
+class ModelState(StrEnum):
+    REGISTERING = "registering"
+    REGISTERED = "registered"
+    LOADING = "loading"
+    LOADED = "loaded"
+    UNLOADING = "unloading"
+
+
+_S = ModelState
+_ALLOWED_MOVES: frozenset[tuple[ModelState | None, ModelState | None]] = frozenset(
+    {
+        (None, _S.REGISTERING),
+        (_S.REGISTERING, _S.REGISTERED),
+        (_S.REGISTERING, None),
+        (_S.REGISTERED, _S.LOADING),
+        (_S.LOADING, _S.LOADED),
+        (_S.LOADING, _S.REGISTERED),
+        (_S.LOADED, _S.UNLOADING),
+        (_S.UNLOADING, _S.REGISTERED),
+        (_S.UNLOADING, _S.LOADED),  # the backend failed to release: keep the pages
+        (_S.REGISTERED, None),
+    }
+)
+
+
+class InvalidTransition(RuntimeError):
+    """A model state move that the state machine forbids (a bug in the host)."""
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    """One model in the registry. ``runs`` are its pages while LOADING/LOADED/UNLOADING."""
+
+    name: str
+    state: ModelState | None = None
+    registered: RegisteredModel | None = None
+    loaded: LoadedModel | None = None
+    runs: tuple[PageRun, ...] = field(default=())
+
+    def move(self, to: ModelState | None) -> None:
+        """Change state. Raises InvalidTransition for a move the state machine forbids."""
+        if (self.state, to) not in _ALLOWED_MOVES:
+            raise InvalidTransition(f"model {self.name!r}: {self.state} -> {to} is not allowed")
+        self.state = to
+
+
+class ExecutorHost:
+    """Owns the model registry and page cache; runs actions in lanes; answers each once."""
+
+    def __init__(
+        self, backend: Backend, page_cache: PageCache, *, clock: LaneClock | None = None
+    ) -> None:
+        self.backend = backend
+        self._pages = page_cache
+        self._clock = clock
+        self._now_ns: Callable[[], int] = clock.now_ns if clock else time.monotonic_ns
+        self._lock = threading.Lock()
+        self._models: dict[str, ModelEntry] = {}
+        self._lanes: dict[str, Lane] = {}
+        self._post: Post = _call_now
+        self._closed = False
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def start(self, post: Post) -> None:
+        """Start the lanes; replies will be delivered through ``post`` (e.g. the loop's
+        ``call_soon_threadsafe``)."""
+        self._post = post
+        names = (REGISTER_LANE, *self.backend.lanes)
+        self._lanes = {name: Lane(name, clock=self._clock) for name in names}
+        for lane in self._lanes.values():
+            lane.start()
+
+    def close(self) -> None:
+        """Close the lanes (the running actions finish; the queued ones answer INTERNAL),
+        release every loaded model, then the backend. Blocking; call from a worker thread.
+        Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for lane in self._lanes.values():
+            lane.close()
+        with self._lock:
+            entries = [entry for entry in self._models.values() if entry.loaded is not None]
+        for entry in entries:
+            self._release(entry)
+        self.backend.close()
+
+    def _release(self, entry: ModelEntry) -> None:
+        """UNLOAD at shutdown: the same order as `_unload` (session first, then pages)."""
+        assert entry.loaded is not None
+        with self._lock:
+            entry.move(_S.UNLOADING)
+        try:
+            self.backend.unload(entry.loaded)
+        except Exception:
+            log.exception("unloading %r at shutdown failed", entry.name)
+            return
+        with self._lock:
+            self._pages.free(entry.runs)
+            entry.runs, entry.loaded = (), None
+            entry.move(_S.REGISTERED)
+
+    # --- queries -------------------------------------------------------------------------
+
+    @property
+    def pages_free(self) -> int:
+        with self._lock:
+            return self._pages.pages_free
+
+    def model_state(self, name: str) -> ModelState | None:
+        with self._lock:
+            entry = self._models.get(name)
+            return entry.state if entry else None
+
+    def state(self, action_id: int) -> State:
+        """The executor's pages and models now."""
+        with self._lock:
+            states = {name: entry.state for name, entry in self._models.items()}
+            pages_free = self._pages.pages_free
+        return State(
+            action_id=action_id,
+            page_bytes=self.backend.arena.page_bytes,
+            pages_total=self._pages.pages_total,
+            pages_free=pages_free,
+            registered=tuple(sorted(n for n, s in states.items() if s != _S.REGISTERING)),
+            loaded=tuple(sorted(n for n, s in states.items() if s == _S.LOADED)),
+        )
+
+    def info(self, name: str) -> ExecutorInfo:
+        """The ExecutorInfo that answers a controller's Hello."""
+        backend = self.backend
+        return ExecutorInfo(
+            name=name,
+            backend=backend.name,
+            device=backend.device,
+            kind=backend.kind,
+            lanes=tuple(backend.lanes),
+            page_bytes=backend.arena.page_bytes,
+            pages_total=self._pages.pages_total,
+            pages_free=self.pages_free,
+            clock_ns=self._now_ns(),
+        )
+
+    # --- dispatch (event loop thread) ------------------------------------------------------
+
+    def submit(self, action: ExecutorAction, reply: Reply) -> None:
+        """Take one action; ``reply`` is called exactly once, on the loop thread (at once for
+        GetState and for actions refused on arrival)."""
+        try:
+            self._dispatch(action, reply)
+        except Refused as refused:
+            reply(self._failure(action.action_id, refused.code, refused.message))
+
+    def _dispatch(self, action: ExecutorAction, reply: Reply) -> None:
+        if isinstance(action, GetState):
+            reply(self.state(action.action_id))
+        elif isinstance(action, RegisterModel):
+            self._enqueue(REGISTER_LANE, 0, NEVER_NS, action, reply, self._register)
+        elif isinstance(action, UnregisterModel):
+            self._enqueue(REGISTER_LANE, 0, NEVER_NS, action, reply, self._unregister)
+        elif isinstance(action, Load):
+            validate_window(action.earliest_ns, action.latest_ns)
+            self._require_known(action.model)
+            self._enqueue(
+                LOAD_LANE, action.earliest_ns, action.latest_ns, action, reply, self._load
+            )
+        elif isinstance(action, Infer):
+            validate_window(action.earliest_ns, action.latest_ns)
+            validate_inputs(self._require_known(action.model), action.batch_size, action.inputs)
+            window = (action.earliest_ns, action.latest_ns)
+            self._enqueue(EXECUTE_LANE, *window, action, reply, self._infer)
+        else:
+            self._require_known(action.model)
+            self._enqueue(EXECUTE_LANE, self._now_ns(), NEVER_NS, action, reply, self._unload)
+
+    def _require_known(self, name: str) -> RegisteredModel:
+        """The registered model ``name``. Raises Refused(UNKNOWN_MODEL)."""
+        with self._lock:
+            entry = self._models.get(name)
+            if entry is None or entry.registered is None:
+                raise Refused(ErrorCode.UNKNOWN_MODEL, f"model {name!r} is not registered")
+            return entry.registered
+
+    def _enqueue(
+        self,
+        lane_name: str,
+        earliest_ns: int,
+        latest_ns: int,
+        action: A,
+        reply: Reply,
+        perform: Callable[[A, int], Message],
+    ) -> None:
+        job = LaneJob(
+            earliest_ns=earliest_ns,
+            latest_ns=latest_ns,
+            run=partial(self._run_job, perform, action, reply),
+            reject=partial(self._reject_job, action.action_id, latest_ns, reply),
+        )
+        try:
+            self._lanes[lane_name].submit(job)
+        except (LaneClosed, KeyError):
+            raise Refused(ErrorCode.INTERNAL, "the executor is shutting down") from None
+
+    # --- lane threads ----------------------------------------------------------------------
+
+    def _run_job(
+        self, perform: Callable[[A, int], Message], action: A, reply: Reply, start_ns: int
+    ) -> None:
+        try:
+            answer = perform(action, start_ns)
+        except Refused as refused:
+            answer = self._failure(action.action_id, refused.code, refused.message)
+        except BackendError as error:
+            answer = self._failure(action.action_id, error.code, error.message, start_ns)
+        except Exception as error:
+            log.exception("action %d failed in the backend", action.action_id)
+            message = f"the backend failed: {type(error).__name__}: {error}"
+            answer = self._failure(action.action_id, ErrorCode.INTERNAL, message, start_ns)
+        self._deliver(reply, answer)
+
+    def _reject_job(
+        self, action_id: int, latest_ns: int, reply: Reply, why: Rejection, now_ns: int
+    ) -> None:
+        if why is Rejection.TOO_LATE:
+            late_us = (now_ns - latest_ns) / 1e3
+            message = f"could not start by latest_ns ({late_us:.1f} us late); not run"
+            answer = self._failure(action_id, ErrorCode.TOO_LATE, message)
+        else:
+            answer = self._failure(action_id, ErrorCode.INTERNAL, "the executor is shutting down")
+        self._deliver(reply, answer)
+
+    def _deliver(self, reply: Reply, answer: Message) -> None:
+        try:
+            self._post(partial(reply, answer))
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            log.debug("dropped a reply after the event loop closed")
+
+    def _failure(
+        self, action_id: int, code: ErrorCode, message: str, start_ns: int = 0
+    ) -> ActionResult:
+        """An error result; ``start_ns`` set when the action ran (then end is now)."""
+        return ActionResult(
+            action_id=action_id,
+            code=code.value,
+            message=message,
+            start_ns=start_ns,
+            end_ns=self._now_ns() if start_ns else 0,
+            pages_free=self.pages_free,
+        )
+
+    def _success(
+        self,
+        action_id: int,
+        start_ns: int,
+        durations_ns: Mapping[str, int],
+        outputs: Mapping[str, np.ndarray] | None = None,
+    ) -> ActionResult:
+        return ActionResult(
+            action_id=action_id,
+            start_ns=start_ns,
+            end_ns=self._now_ns(),
+            durations_ns=dict(durations_ns),
+            outputs=dict(outputs or {}),
+            pages_free=self.pages_free,
+        )
+
+    # --- the actions, each run in its lane -----------------------------------------------------
+
+    def _register(self, action: RegisterModel, start_ns: int) -> Message:
+        with self._lock:
+            if action.model in self._models:
+                raise Refused(ErrorCode.BAD_MODEL, f"model {action.model!r} is already registered")
+            entry = self._models[action.model] = ModelEntry(action.model)
+            entry.move(_S.REGISTERING)
+        try:
+            registered = self.backend.register(action.model, action.path, action.batch_sizes)
+        except BaseException:
+            with self._lock:
+                entry.move(None)
+                del self._models[action.model]
+            raise
+        with self._lock:
+            entry.registered = registered
+            entry.move(_S.REGISTERED)
+        return _model_info(action.action_id, registered)
+
+    def _unregister(self, action: UnregisterModel, start_ns: int) -> Message:
+        with self._lock:
+            entry = self._entry(action.model)
+            if entry.state is not _S.REGISTERED or entry.registered is None:
+                raise Refused(
+                    ErrorCode.ALREADY_LOADED,
+                    f"model {action.model!r} is {entry.state}; UNLOAD it before unregistering",
+                )
+            entry.move(None)
+            del self._models[action.model]
+        self.backend.unregister(entry.registered)
+        return self._success(action.action_id, start_ns, {})
+
+    def _load(self, action: Load, start_ns: int) -> Message:
+        entry, registered, runs = self._take_pages(action.model)
+        try:
+            loaded, durations_ns = self.backend.load(registered, runs)
+        except BaseException:
+            with self._lock:
+                self._pages.free(runs)
+                entry.runs = ()
+                entry.move(_S.REGISTERED)
+            raise
+        with self._lock:
+            entry.loaded = loaded
+            entry.move(_S.LOADED)
+        return self._success(action.action_id, start_ns, durations_ns)
+
+    def _take_pages(self, name: str) -> tuple[ModelEntry, RegisteredModel, list[PageRun]]:
+        """Move ``name`` to LOADING holding fresh pages. Raises Refused (UNKNOWN_MODEL,
+        ALREADY_LOADED, NO_PAGES)."""
+        with self._lock:
+            entry = self._entry(name)
+            if entry.state is not _S.REGISTERED or entry.registered is None:
+                raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
+            try:
+                runs = self._pages.allocate(entry.registered.run_pages)
+            except NoPages as error:
+                raise Refused(ErrorCode.NO_PAGES, f"model {name!r} {error.message}") from None
+            entry.runs = tuple(runs)
+            entry.move(_S.LOADING)
+            return entry, entry.registered, runs
+
+    def _infer(self, action: Infer, start_ns: int) -> Message:
+        with self._lock:
+            loaded = self._loaded(action.model)
+        outputs, durations_ns = self.backend.infer(loaded, action.batch_size, action.inputs)
+        return self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
+
+    def _unload(self, action: Unload, start_ns: int) -> Message:
+        with self._lock:
+            loaded = self._loaded(action.model)
+            entry = self._models[action.model]
+            entry.move(_S.UNLOADING)
+        try:
+            self.backend.unload(loaded)  # the session is gone before the pages are free
+        except BaseException:
+            with self._lock:
+                entry.move(_S.LOADED)
+            raise
+        with self._lock:
+            self._pages.free(entry.runs)
+            entry.runs, entry.loaded = (), None
+            entry.move(_S.REGISTERED)
+        return self._success(action.action_id, start_ns, {"unload": self._now_ns() - start_ns})
+
+    def _entry(self, name: str) -> ModelEntry:
+        """Holding the lock. Raises Refused(UNKNOWN_MODEL)."""
+        entry = self._models.get(name)
+        if entry is None or entry.state is _S.REGISTERING:
+            raise Refused(ErrorCode.UNKNOWN_MODEL, f"model {name!r} is not registered")
+        return entry
+
+    def _loaded(self, name: str) -> LoadedModel:
+        """Holding the lock. Raises Refused(UNKNOWN_MODEL, NOT_LOADED)."""
+        entry = self._entry(name)
+        if entry.state is not _S.LOADED or entry.loaded is None:
+            raise Refused(ErrorCode.NOT_LOADED, f"model {name!r} is {entry.state}, not loaded")
+        return entry.loaded
+
+
+def _model_info(action_id: int, model: RegisteredModel) -> ModelInfo:
+    return ModelInfo(
+        action_id=action_id,
+        model=model.name,
+        weights_bytes=model.weights_bytes,
+        pages_needed=sum(model.run_pages),
+        inputs=tuple(model.inputs),
+        outputs=tuple(model.outputs),
+        batch_sizes=tuple(model.batch_sizes),
+    )
+
+
+def _call_now(callback: Callable[[], None]) -> None:
+    callback()

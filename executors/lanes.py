@@ -1,0 +1,219 @@
+"""Lanes: one thread per kind of work, each running strictly one action at a time.
+
+Invariants:
+- A lane runs at most one job at a time, in its own thread, never the event loop's.
+- Among waiting jobs the one with the smallest ``earliest_ns`` goes next; ties go in order of
+  arrival. A job never starts before its ``earliest_ns``.
+- A job that cannot start by its ``latest_ns`` is rejected (``TOO_LATE``) without running.
+- Every submitted job gets exactly one callback: ``run`` or ``reject`` (too late, or the lane
+  closed before it started). Callbacks run in the lane thread; posting results to the event
+  loop is the caller's business (`host.py` uses ``loop.call_soon_threadsafe``).
+- ``close`` lets the running job finish, rejects the queued ones and joins the thread.
+
+The ordering logic is the pure `LaneQueue` (tested exactly on a virtual clock); `Lane` drives
+it in real time through a `LaneClock` (real: sleep, then spin the last ``SPIN_NS``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Protocol
+
+from .precise import SPIN_NS, reduce_timer_slack, spin_until
+
+log = logging.getLogger(__name__)
+
+NEVER_NS = 2**63 - 1  # a latest_ns that never passes
+
+
+class Rejection(StrEnum):
+    TOO_LATE = "too_late"  # could not start by latest_ns
+    CLOSED = "closed"  # the lane closed before the job started
+
+
+class LaneClosed(RuntimeError):
+    """``submit`` on a lane that is closing or closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaneJob:
+    """One action for a lane. ``run(start_ns)`` performs it; ``reject(why, now_ns)`` answers
+    it without running. Both are called in the lane thread and must not raise."""
+
+    earliest_ns: int
+    latest_ns: int
+    run: Callable[[int], None]
+    reject: Callable[[Rejection, int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RunJob:
+    job: LaneJob
+
+
+@dataclass(frozen=True, slots=True)
+class RejectJob:
+    job: LaneJob
+
+
+@dataclass(frozen=True, slots=True)
+class WaitUntil:
+    time_ns: int
+
+
+Step = RunJob | RejectJob | WaitUntil | None  # None: nothing queued
+
+
+@dataclass(order=True, slots=True)
+class _Entry:
+    earliest_ns: int
+    seq: int
+    job: LaneJob = field(compare=False)
+
+
+class LaneQueue:
+    """Pure ordering of a lane's jobs: a heap by (earliest_ns, arrival)."""
+
+    def __init__(self) -> None:
+        self._heap: list[_Entry] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, job: LaneJob) -> None:
+        heapq.heappush(self._heap, _Entry(job.earliest_ns, self._seq, job))
+        self._seq += 1
+
+    def next_step(self, now_ns: int) -> Step:
+        """What to do at ``now_ns``: run or reject the head (popping it), wait until the head
+        is due, or None when empty."""
+        if not self._heap:
+            return None
+        head = self._heap[0].job
+        if now_ns > head.latest_ns:
+            heapq.heappop(self._heap)
+            return RejectJob(head)
+        if now_ns >= head.earliest_ns:
+            heapq.heappop(self._heap)
+            return RunJob(head)
+        return WaitUntil(head.earliest_ns)
+
+    def drain(self) -> list[LaneJob]:
+        """Remove and return every queued job, in lane order."""
+        return [heapq.heappop(self._heap).job for _ in range(len(self._heap))]
+
+
+class LaneClock(Protocol):
+    """Time as a lane sees it. ``wait`` is called holding ``cond`` and may return early (a
+    job arrived); ``spin_until`` returns at or after ``deadline_ns``."""
+
+    def now_ns(self) -> int: ...
+
+    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None: ...
+
+    def spin_until(self, deadline_ns: int) -> None: ...
+
+
+class MonotonicClock:
+    """The real clock: ``time.monotonic_ns``, timed condition waits, a busy spin."""
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None:
+        cond.wait(None if timeout_ns is None else timeout_ns / 1e9)
+
+    def spin_until(self, deadline_ns: int) -> None:
+        spin_until(deadline_ns)
+
+
+class Lane:
+    """A thread that runs `LaneJob`s one at a time in `LaneQueue` order."""
+
+    def __init__(
+        self, name: str, *, clock: LaneClock | None = None, spin_ns: int = SPIN_NS
+    ) -> None:
+        self.name = name
+        self._clock: LaneClock = clock or MonotonicClock()
+        self._spin_ns = spin_ns
+        self._queue = LaneQueue()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._serve, name=f"lane-{name}", daemon=True)
+
+    @property
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: LaneJob) -> None:
+        """Queue ``job``. Raises LaneClosed once ``close`` was called."""
+        with self._cond:
+            if self._closing:
+                raise LaneClosed(f"lane {self.name!r} is closed")
+            self._queue.push(job)
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Stop taking jobs, let the running one finish, reject the queued ones (CLOSED) and
+        join the thread. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        self._reject_queued()
+
+    def _serve(self) -> None:
+        reduce_timer_slack()
+        while (step := self._next_due()) is not None:
+            if isinstance(step, RunJob):
+                _guarded(step.job.run, self._clock.now_ns())
+            else:
+                _guarded(step.job.reject, Rejection.TOO_LATE, self._clock.now_ns())
+
+    def _next_due(self) -> RunJob | RejectJob | None:
+        """Block until a job is due (to run or to reject); None once closing."""
+        while True:
+            with self._cond:
+                step = self._await_step()
+            if not isinstance(step, WaitUntil):
+                return step
+            self._clock.spin_until(step.time_ns)  # outside the lock: submits go on
+
+    def _await_step(self) -> Step:
+        """Holding the lock: sleep until a step is due or within the spin margin."""
+        while not self._closing:
+            now_ns = self._clock.now_ns()
+            step = self._queue.next_step(now_ns)
+            if step is None:
+                self._clock.wait(self._cond, None)
+            elif isinstance(step, WaitUntil) and step.time_ns - now_ns > self._spin_ns:
+                self._clock.wait(self._cond, step.time_ns - now_ns - self._spin_ns)
+            else:
+                return step
+        return None
+
+    def _reject_queued(self) -> None:
+        with self._cond:
+            jobs = self._queue.drain()
+        for job in jobs:
+            _guarded(job.reject, Rejection.CLOSED, self._clock.now_ns())
+
+
+def _guarded(callback: Callable[..., None], *args: object) -> None:
+    """Call a job callback; a bug in it is logged, never allowed to kill the lane."""
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("lane job callback failed")

@@ -1,0 +1,53 @@
+"""Precise waiting on the monotonic clock, for lane threads.
+
+Invariant: nothing here returns before its deadline (``time.monotonic_ns()``). A wait sleeps
+until ``SPIN_NS`` before the deadline, then spins: sleeps and timed waits overshoot by tens of
+microseconds here (more under load), and uvloop's timers are millisecond-grained, so neither
+alone can honour a sub-millisecond window. Spinning holds the GIL only for the last stretch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+import time
+
+SPIN_NS = 200_000  # spin the last 200 us of every wait
+_PR_SET_TIMERSLACK = 29
+_TIMER_SLACK_NS = 1_000
+
+
+def spin_until(deadline_ns: int) -> None:
+    """Busy-wait until ``time.monotonic_ns() >= deadline_ns``."""
+    now_ns = time.monotonic_ns
+    while now_ns() < deadline_ns:
+        pass
+
+
+def precise_wait_until(deadline_ns: int, *, spin_ns: int = SPIN_NS) -> None:
+    """Sleep until ``spin_ns`` before ``deadline_ns``, then spin up to it. Returns at or
+    just after the deadline (at once if it has passed)."""
+    remaining_ns = deadline_ns - time.monotonic_ns()
+    if remaining_ns > spin_ns:
+        time.sleep((remaining_ns - spin_ns) / 1e9)
+    spin_until(deadline_ns)
+
+
+def precise_wait_ns(duration_ns: int, *, spin_ns: int = SPIN_NS) -> int:
+    """Wait ``duration_ns`` from now; returns the measured duration in ns."""
+    start_ns = time.monotonic_ns()
+    precise_wait_until(start_ns + duration_ns, spin_ns=spin_ns)
+    return time.monotonic_ns() - start_ns
+
+
+def reduce_timer_slack() -> bool:
+    """Ask Linux to wake this thread's sleeps within ~1 us instead of the default 50 us
+    (prctl PR_SET_TIMERSLACK). Returns whether it took effect; harmless elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        return int(libc.prctl(_PR_SET_TIMERSLACK, _TIMER_SLACK_NS, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -1,0 +1,251 @@
+"""Lanes: ordering by earliest start, too-late rejection, one job at a time, clean shutdown.
+
+Ordering is checked exactly: `LaneQueue` on plain integers, `Lane` on a virtual clock that jumps
+(jobs submitted before the lane starts, so the thread's run is deterministic)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from clockwork_async.executors.lanes import (
+    NEVER_NS,
+    Lane,
+    LaneClosed,
+    LaneJob,
+    LaneQueue,
+    Rejection,
+    RejectJob,
+    RunJob,
+    WaitUntil,
+)
+from clockwork_async.executors.precise import precise_wait_ns, precise_wait_until
+
+
+def _noop_job(earliest_ns: int, latest_ns: int = NEVER_NS) -> LaneJob:
+    return LaneJob(earliest_ns, latest_ns, run=lambda _start: None, reject=lambda _w, _n: None)
+
+
+# --- LaneQueue: pure ordering -------------------------------------------------------------
+
+
+def test_empty_queue_has_no_step() -> None:
+    assert LaneQueue().next_step(0) is None
+
+
+def test_head_is_the_smallest_earliest_and_waits_until_it() -> None:
+    queue = LaneQueue()
+    late, early = _noop_job(300), _noop_job(100)
+    queue.push(late)
+    queue.push(early)
+    assert queue.next_step(50) == WaitUntil(100)
+    assert queue.next_step(100) == RunJob(early)
+    assert queue.next_step(100) == WaitUntil(300)
+    assert queue.next_step(301) == RunJob(late)
+    assert len(queue) == 0
+
+
+def test_ties_go_in_order_of_arrival() -> None:
+    queue = LaneQueue()
+    jobs = [_noop_job(10) for _ in range(5)]
+    for job in jobs:
+        queue.push(job)
+    assert [queue.next_step(10) for _ in jobs] == [RunJob(job) for job in jobs]
+
+
+def test_a_job_past_its_latest_is_rejected_not_run() -> None:
+    queue = LaneQueue()
+    job = _noop_job(10, latest_ns=20)
+    queue.push(job)
+    assert queue.next_step(21) == RejectJob(job)
+    assert queue.next_step(21) is None
+
+
+def test_a_job_may_start_exactly_at_latest() -> None:
+    queue = LaneQueue()
+    job = _noop_job(10, latest_ns=20)
+    queue.push(job)
+    assert queue.next_step(20) == RunJob(job)
+
+
+def test_drain_returns_jobs_in_lane_order() -> None:
+    queue = LaneQueue()
+    second, first = _noop_job(2), _noop_job(1)
+    queue.push(second)
+    queue.push(first)
+    assert queue.drain() == [first, second]
+    assert len(queue) == 0
+
+
+# --- Lane on a virtual clock ----------------------------------------------------------------
+
+
+class VirtualClock:
+    """A clock that jumps: timed waits and spins advance it instead of sleeping."""
+
+    def __init__(self, now_ns: int = 0) -> None:
+        self.now = now_ns
+
+    def now_ns(self) -> int:
+        return self.now
+
+    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None:
+        if timeout_ns is None:
+            cond.wait()
+        else:
+            self.now += timeout_ns
+
+    def spin_until(self, deadline_ns: int) -> None:
+        self.now = max(self.now, deadline_ns)
+
+
+class Recorder:
+    """Builds jobs that take ``duration_ns`` of virtual time and records what happened."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.events: list[tuple[str, str, int]] = []  # (job, "run"/"reject:why", time)
+        self.running = 0
+        self.max_running = 0
+        self.expected = 0
+        self.all_answered = threading.Event()
+
+    def _record(self, label: str, what: str, time_ns: int) -> None:
+        self.events.append((label, what, time_ns))
+        if len(self.events) == self.expected:
+            self.all_answered.set()
+
+    def job(self, label: str, earliest_ns: int, latest_ns: int, duration_ns: int) -> LaneJob:
+        def run(start_ns: int) -> None:
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            self.clock.now += duration_ns
+            self.running -= 1
+            self._record(label, "run", start_ns)
+
+        def reject(why: Rejection, now_ns: int) -> None:
+            self._record(label, f"reject:{why}", now_ns)
+
+        return LaneJob(earliest_ns, latest_ns, run, reject)
+
+
+def _run_lane(recorder: Recorder, jobs: list[LaneJob]) -> None:
+    """Run ``jobs`` (all queued before the thread starts) until each was answered."""
+    lane = Lane("test", clock=recorder.clock, spin_ns=1_000)
+    for job in jobs:
+        lane.submit(job)
+    recorder.expected = len(jobs)
+    lane.start()
+    try:
+        assert recorder.all_answered.wait(5)
+    finally:
+        lane.close()
+
+
+def test_lane_runs_jobs_by_earliest_start_one_at_a_time() -> None:
+    recorder = Recorder(VirtualClock(now_ns=0))
+    jobs = [
+        recorder.job("c", 5_000, NEVER_NS, 1_000),
+        recorder.job("a", 1_000, NEVER_NS, 3_000),
+        recorder.job("b", 2_000, NEVER_NS, 1_000),  # due at 2000, lane busy until 4000
+    ]
+    _run_lane(recorder, jobs)
+    assert recorder.events == [("a", "run", 1_000), ("b", "run", 4_000), ("c", "run", 5_000)]
+    assert recorder.max_running == 1
+
+
+def test_lane_rejects_a_job_whose_window_closed_while_the_lane_was_busy() -> None:
+    recorder = Recorder(VirtualClock(now_ns=0))
+    jobs = [
+        recorder.job("long", 0, NEVER_NS, 10_000),
+        recorder.job("short-window", 1_000, 5_000, 1_000),
+        recorder.job("after", 2_000, NEVER_NS, 1_000),
+    ]
+    _run_lane(recorder, jobs)
+    assert recorder.events == [
+        ("long", "run", 0),
+        ("short-window", "reject:too_late", 10_000),
+        ("after", "run", 10_000),
+    ]
+
+
+def test_close_rejects_queued_jobs_and_leaves_no_thread() -> None:
+    recorder = Recorder(VirtualClock(now_ns=0))
+    lane = Lane("closing", clock=recorder.clock)
+    lane.submit(recorder.job("never", NEVER_NS - 1, NEVER_NS, 1))
+    lane.close()  # never started: queued jobs are still answered
+    assert recorder.events == [("never", "reject:closed", 0)]
+    with pytest.raises(LaneClosed):
+        lane.submit(recorder.job("late", 0, NEVER_NS, 1))
+    assert not [t for t in threading.enumerate() if t.name == "lane-closing"]
+
+
+def test_close_lets_the_running_job_finish_then_rejects_the_rest() -> None:
+    started, release = threading.Event(), threading.Event()
+    outcomes: list[str] = []
+
+    def blocking_run(_start_ns: int) -> None:
+        started.set()
+        release.wait(5)
+        outcomes.append("ran")
+
+    lane = Lane("busy")
+    lane.start()
+    lane.submit(LaneJob(0, NEVER_NS, blocking_run, lambda why, _n: outcomes.append(why)))
+    lane.submit(
+        LaneJob(0, NEVER_NS, lambda _s: outcomes.append("x"), lambda w, _n: outcomes.append(w))
+    )
+    assert started.wait(5)
+    closer = threading.Thread(target=lane.close)
+    closer.start()
+    release.set()
+    closer.join(5)
+    assert outcomes == ["ran", Rejection.CLOSED]
+    assert not [t for t in threading.enumerate() if t.name == "lane-busy"]
+
+
+def test_a_failing_callback_does_not_stop_the_lane() -> None:
+    done = threading.Event()
+
+    def broken(_start_ns: int) -> None:
+        raise RuntimeError("bug in a job")
+
+    lane = Lane("sturdy")
+    lane.start()
+    try:
+        lane.submit(LaneJob(0, NEVER_NS, broken, lambda _w, _n: None))
+        lane.submit(LaneJob(0, NEVER_NS, lambda _s: done.set(), lambda _w, _n: None))
+        assert done.wait(5)
+    finally:
+        lane.close()
+
+
+def test_real_lane_never_starts_a_job_before_its_earliest() -> None:
+    starts: list[tuple[int, int]] = []
+    finished = threading.Event()
+    lane = Lane("real")
+    lane.start()
+    try:
+        now_ns = time.monotonic_ns()
+        for offset_ns in (3_000_000, 1_000_000, 2_000_000):
+            earliest_ns = now_ns + offset_ns
+
+            def run(start_ns: int, earliest_ns: int = earliest_ns) -> None:
+                starts.append((earliest_ns, start_ns))
+                if len(starts) == 3:
+                    finished.set()
+
+            lane.submit(LaneJob(earliest_ns, NEVER_NS, run, lambda _w, _n: None))
+        assert finished.wait(5)
+    finally:
+        lane.close()
+    assert [earliest for earliest, _ in starts] == sorted(earliest for earliest, _ in starts)
+    assert all(start >= earliest for earliest, start in starts)
+
+
+def test_precise_wait_never_returns_early() -> None:
+    deadline_ns = time.monotonic_ns() + 500_000
+    precise_wait_until(deadline_ns)
+    assert time.monotonic_ns() >= deadline_ns
+    assert precise_wait_ns(300_000) >= 300_000
