@@ -232,6 +232,156 @@ class State:
     loaded: tuple[str, ...]
 
 
+# --- Client API (client -> daemon, and its replies) ---------------------------------------------
+
+
+class ApiCode(StrEnum):
+    """Statuses of client-API replies besides the request outcomes (`core.outcomes.Outcome`:
+    ``ok``, ``dropped``, ``failed``, ``late``, ``cancelled``, ``unknown_model``, ``bad_input``,
+    ``infeasible``, ``overloaded``, ``shutting_down``). A client switches on the status."""
+
+    OK = "ok"
+    DUPLICATE_ID = "duplicate_id"  # a request id already in flight on this connection
+    FORBIDDEN = "forbidden"  # the connection's token lacks the scope (admin operations)
+    BAD_REQUEST = "bad_request"  # a well-formed message that asks for something meaningless
+    UNKNOWN_MODEL = "unknown_model"
+    BAD_MODEL = "bad_model"  # an uploaded model that cannot be registered
+    MODEL_EXISTS = "model_exists"
+    OVERLOADED = "overloaded"  # a cap on outstanding requests or connections was reached
+    SHUTTING_DOWN = "shutting_down"
+    UNAVAILABLE = "unavailable"  # the daemon cannot do it now (no executor up, ...)
+    INTERNAL = "internal"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """A served model as `list_models` reports it. ``state`` is a word such as ``ready``;
+    ``loaded_on`` names the executors holding a copy; ``pages`` is what one copy takes."""
+
+    name: str
+    group: str
+    state: str
+    loaded_on: tuple[str, ...] = ()
+    pages: int = 0
+    batch_sizes: tuple[int, ...] = ()
+    default_slo_ns: int = 0
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """Run ``model`` on one row of every input. ``request_id`` is the client's, unique among
+    its requests in flight on the connection. Deadline: ``slo_ms`` after arrival at the daemon,
+    or ``deadline_unix_ns`` (Unix time), or neither (the model's default SLO)."""
+
+    TAG: ClassVar[str] = "infer_request"
+    request_id: int
+    model: str
+    inputs: Mapping[str, np.ndarray]
+    slo_ms: float | None = None
+    deadline_unix_ns: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InferReply:
+    """The one answer to an InferRequest. ``status`` is an Outcome or ApiCode value;
+    ``timing_ns`` holds ``total`` (arrival to reply), ``queue``, ``execute``,
+    ``predicted_execute`` and, when it ran, ``executor``, ``copy_in``, ``copy_out``."""
+
+    TAG: ClassVar[str] = "infer_reply"
+    request_id: int
+    status: str
+    message: str
+    outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
+    timing_ns: Mapping[str, int] = field(default_factory=dict)
+    executor_id: str = ""
+    batch_size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ApiCode.OK
+
+
+@dataclass(frozen=True, slots=True)
+class CancelInfer:
+    """Cancel the in-flight InferRequest ``request_id``; its InferReply is the answer
+    (``cancelled``, or its result if it was already running). Unknown ids are ignored."""
+
+    TAG: ClassVar[str] = "cancel_infer"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ListModels:
+    TAG: ClassVar[str] = "list_models"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AddModel:
+    """Register ``name`` from uploaded bytes: ``files["model.onnx"]`` is a 1-D uint8 tensor
+    (in the frame tail, so it is bounded by the receiver's ``max_tail_bytes``)."""
+
+    TAG: ClassVar[str] = "add_model"
+    request_id: int
+    name: str
+    files: Mapping[str, np.ndarray]
+    model_toml: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveModel:
+    TAG: ClassVar[str] = "remove_model"
+    request_id: int
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsReply:
+    """Answer to ListModels (every model), AddModel (the one added), RemoveModel (none)."""
+
+    TAG: ClassVar[str] = "models_reply"
+    request_id: int
+    status: str
+    message: str
+    models: tuple[ModelStatus, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GetStats:
+    TAG: ClassVar[str] = "get_stats"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StatsReply:
+    """``stats_json``: one JSON object, UTF-8 (a msgpack bin, so up to ``max_bin_len``)."""
+
+    TAG: ClassVar[str] = "stats_reply"
+    request_id: int
+    status: str
+    message: str
+    stats_json: bytes = b"{}"
+
+
+@dataclass(frozen=True, slots=True)
+class GetHealth:
+    TAG: ClassVar[str] = "get_health"
+    request_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReply:
+    TAG: ClassVar[str] = "health_reply"
+    request_id: int
+    status: str
+    message: str
+    live: bool = False
+    ready: bool = False
+    reason: str = ""
+
+
 Message = (
     Hello
     | ExecutorInfo
@@ -247,9 +397,30 @@ Message = (
     | ActionResult
     | ModelInfo
     | State
+    | InferRequest
+    | InferReply
+    | CancelInfer
+    | ListModels
+    | AddModel
+    | RemoveModel
+    | ModelsReply
+    | GetStats
+    | StatsReply
+    | GetHealth
+    | HealthReply
 )
 
 EXECUTOR_ACTIONS = (RegisterModel, UnregisterModel, Load, Infer, Unload, GetState)
+CLIENT_REQUESTS = (
+    InferRequest,
+    CancelInfer,
+    ListModels,
+    AddModel,
+    RemoveModel,
+    GetStats,
+    GetHealth,
+)
+CLIENT_REPLIES = (InferReply, ModelsReply, StatsReply, HealthReply)
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TAG: cls
@@ -268,5 +439,7 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         ActionResult,
         ModelInfo,
         State,
+        *CLIENT_REQUESTS,
+        *CLIENT_REPLIES,
     )
 }

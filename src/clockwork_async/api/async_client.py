@@ -1,0 +1,460 @@
+"""The asyncio client of the daemon's client API (`clockwork_async.client` is the public
+facade, with the blocking `Client`).
+
+It pipelines: many calls may be in flight on one connection at once, each matched to its
+reply by a request id the client chooses; replies may come in any order.
+
+Invariants:
+- Every call in flight is in ``_waiters`` until its reply arrives or the connection ends; when
+  it ends, every waiter fails with `ConnectionClosedError` naming the reason (never a hang),
+  and so does every later call.
+- An `infer` whose awaiting task is cancelled sends ``cancel_infer`` for its request, so the
+  daemon stops working on it; its reply, if one still comes, is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import ssl as ssl_module
+import time
+from collections.abc import Callable, Generator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from clockwork_async.api.service import Health
+from clockwork_async.connection import (
+    Connection,
+    ConnectionClosed,
+    UnixAddress,
+    _WireProtocol,
+    parse_address,
+)
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
+from clockwork_async.wire.messages import (
+    PROTOCOL_VERSION,
+    AddModel,
+    ApiCode,
+    CancelInfer,
+    Error,
+    GetHealth,
+    GetStats,
+    HealthReply,
+    Hello,
+    InferReply,
+    InferRequest,
+    ListModels,
+    Message,
+    ModelsReply,
+    ModelStatus,
+    Ping,
+    Pong,
+    RemoveModel,
+    Role,
+    StatsReply,
+)
+
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "ApiError",
+    "AsyncClient",
+    "ClientError",
+    "ConnectError",
+    "ConnectionClosedError",
+    "Health",
+    "InferResult",
+    "ModelStatus",
+    "PendingInfer",
+]
+
+DEFAULT_ADDRESS = "127.0.0.1:7470"
+_Reply = InferReply | ModelsReply | StatsReply | HealthReply
+
+
+class ClientError(Exception):
+    """Base of the client's errors."""
+
+
+class ConnectError(ClientError):
+    """No connection: nothing listens there (``code`` ``unreachable``), it took too long
+    (``timeout``), or the daemon refused the hello (its code: ``unauthorized``, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class ConnectionClosedError(ClientError):
+    """The connection ended while a call was in flight, or before it was made."""
+
+
+class ApiError(ClientError):
+    """The daemon answered a model, stats or health call with a status other than ``ok``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """The daemon's answer to one infer. ``status`` is an Outcome value (``ok``, ``dropped``,
+    ``infeasible``, ...) or an ApiCode value (``duplicate_id``, ``internal``)."""
+
+    request_id: int
+    status: str
+    message: str
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    timing_ns: dict[str, int] = field(default_factory=dict)
+    executor_id: str = ""
+    batch_size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == Outcome.OK
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """The status as an Outcome; None for statuses that are not request outcomes."""
+        try:
+            return Outcome(self.status)
+        except ValueError:
+            return None
+
+    @classmethod
+    def from_reply(cls, reply: InferReply) -> InferResult:
+        return cls(
+            reply.request_id,
+            reply.status,
+            reply.message,
+            dict(reply.outputs),
+            dict(reply.timing_ns),
+            reply.executor_id,
+            reply.batch_size,
+        )
+
+
+class PendingInfer:
+    """An infer that was sent: await it for its `InferResult`, or `cancel` it."""
+
+    def __init__(self, client: AsyncClient, request_id: int, future: asyncio.Future[Message]):
+        self.request_id = request_id
+        self._client = client
+        self._future = future
+
+    def __await__(self) -> Generator[Any, None, InferResult]:
+        reply = yield from self._client._wait(self.request_id, self._future).__await__()
+        assert isinstance(reply, InferReply)
+        return InferResult.from_reply(reply)
+
+    def cancel(self) -> None:
+        """Ask the daemon to cancel it; the reply (``cancelled``, or a result) still comes."""
+        self._client._send(CancelInfer(self.request_id))
+
+    def add_done_callback(self, callback: Callable[[InferResult | ClientError], None]) -> None:
+        """Call ``callback`` with the result, or with the ConnectionClosedError, once known
+        (instead of awaiting; for senders that never wait)."""
+
+        def done(future: asyncio.Future[Message]) -> None:
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None:
+                callback(error if isinstance(error, ClientError) else ClientError(repr(error)))
+                return
+            reply = future.result()
+            assert isinstance(reply, InferReply)
+            callback(InferResult.from_reply(reply))
+
+        self._future.add_done_callback(done)
+
+
+class AsyncClient:
+    """One connection to the daemon. Make it with `connect`; use it from one event loop."""
+
+    def __init__(self, connection: Connection, address: str, server_name: str) -> None:
+        self.address = address
+        self.server_name = server_name
+        self._connection = connection
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, asyncio.Future[Message]] = {}
+        self._pings: dict[int, asyncio.Future[Message]] = {}
+        self._ended: str | None = None
+        self._server_error = ""
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        token: str = "",
+        ssl: ssl_module.SSLContext | None = None,
+        server_hostname: str | None = None,
+        name: str = "python-client",
+        max_frame_bytes: int = DEFAULT_LIMITS.max_tail_bytes,
+        timeout_s: float = 10.0,
+    ) -> AsyncClient:
+        """Connect and exchange hellos. Raises ConnectError; ValueError for a bad address."""
+        limits = Limits(max_tail_bytes=max_frame_bytes)
+        try:
+            connection, server = await asyncio.wait_for(
+                _open(address, limits, token, name, ssl, server_hostname), timeout_s
+            )
+        except TimeoutError:
+            raise ConnectError("timeout", f"no answer from {address} in {timeout_s:g} s") from None
+        except OSError as error:
+            raise ConnectError("unreachable", f"cannot connect to {address}: {error}") from None
+        return cls(connection, address, server)
+
+    # --- infer --------------------------------------------------------------------------------
+
+    def start_infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        slo_ms: float | None = None,
+        deadline_unix_ns: int | None = None,
+    ) -> PendingInfer:
+        """Send an infer now, without waiting (open-loop senders use this). The inputs go out
+        without a copy: do not change them until the result is in. Raises
+        ConnectionClosedError, and EncodeError (a ValueError) for inputs the wire cannot carry."""
+        request_id = next(self._ids)
+        request = InferRequest(request_id, model, inputs, slo_ms, deadline_unix_ns)
+        return PendingInfer(self, request_id, self._call(request_id, request))
+
+    async def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        slo_ms: float | None = None,
+        deadline_unix_ns: int | None = None,
+    ) -> InferResult:
+        """Run ``model`` on one row of every input; returns the daemon's answer whatever its
+        status (check ``.ok``). Raises ConnectionClosedError."""
+        await self._drain()
+        pending = self.start_infer(model, inputs, slo_ms=slo_ms, deadline_unix_ns=deadline_unix_ns)
+        return await pending
+
+    async def cancel(self, request_id: int) -> None:
+        """Cancel an infer in flight by its id (see `PendingInfer.request_id`)."""
+        self._send(CancelInfer(request_id))
+
+    # --- models, stats, health ----------------------------------------------------------------
+
+    async def models(self) -> list[ModelStatus]:
+        """Every model the daemon serves. Raises ApiError, ConnectionClosedError."""
+        reply = await self._request(ListModels)
+        assert isinstance(reply, ModelsReply)
+        return list(reply.models)
+
+    async def add_model(
+        self, name: str, path_or_bytes: str | Path | bytes, model_toml: str | None = None
+    ) -> ModelStatus:
+        """Upload an ONNX model (a local file, read here, or its bytes) and register it as
+        ``name``; returns its status. Raises ApiError (``bad_model``, ``model_exists``,
+        ``forbidden``, ...), OSError for an unreadable file, ConnectionClosedError."""
+        data = (
+            path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
+        )
+        files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
+        request_id = next(self._ids)
+        await self._drain()
+        future = self._call(request_id, AddModel(request_id, name, files, model_toml))
+        reply = _checked(await self._wait(request_id, future))
+        assert isinstance(reply, ModelsReply)
+        return reply.models[0]
+
+    async def remove_model(self, name: str) -> None:
+        """Unregister ``name``. Raises ApiError (``unknown_model``, ``forbidden``, ...)."""
+        request_id = next(self._ids)
+        _checked(
+            await self._wait(request_id, self._call(request_id, RemoveModel(request_id, name)))
+        )
+
+    async def stats(self) -> dict[str, Any]:
+        """The daemon's stats (a JSON object). Raises ApiError, ConnectionClosedError."""
+        reply = await self._request(GetStats)
+        assert isinstance(reply, StatsReply)
+        stats: dict[str, Any] = json.loads(reply.stats_json)
+        return stats
+
+    async def health(self) -> Health:
+        """Liveness and readiness. Raises ApiError, ConnectionClosedError."""
+        reply = await self._request(GetHealth)
+        assert isinstance(reply, HealthReply)
+        return Health(reply.live, reply.ready, reply.reason)
+
+    async def ping(self) -> int:
+        """One round trip to the daemon, in ns."""
+        seq = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pings[seq] = future
+        self._send(Ping(seq, time.monotonic_ns()))
+        pong = await self._wait(seq, future, self._pings)
+        assert isinstance(pong, Pong)
+        return time.monotonic_ns() - pong.sent_ns
+
+    # --- closing ------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._ended is not None
+
+    async def close(self, flush_timeout_s: float = 5.0) -> None:
+        """Close the connection, flushing what was sent for up to ``flush_timeout_s``; calls
+        in flight fail with ConnectionClosedError."""
+        self._connection.close()
+        await self._reader
+        try:
+            await asyncio.wait_for(self._connection.wait_closed(), flush_timeout_s)
+        except TimeoutError:
+            self._connection.abort()
+            await self._connection.wait_closed()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- internals ----------------------------------------------------------------------------
+
+    async def _request(self, cls: type[ListModels | GetStats | GetHealth]) -> _Reply:
+        request_id = next(self._ids)
+        return _checked(await self._wait(request_id, self._call(request_id, cls(request_id))))
+
+    def _call(self, request_id: int, message: Message) -> asyncio.Future[Message]:
+        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._send(message)
+        self._waiters[request_id] = future
+        return future
+
+    async def _wait(
+        self,
+        request_id: int,
+        future: asyncio.Future[Message],
+        waiters: dict[int, asyncio.Future[Message]] | None = None,
+    ) -> Message:
+        try:
+            return await future
+        except asyncio.CancelledError:
+            (self._waiters if waiters is None else waiters).pop(request_id, None)
+            if waiters is None and not self.closed:
+                with contextlib.suppress(ClientError):
+                    self._send(CancelInfer(request_id))  # ignored unless it was an infer
+            raise
+
+    def _send(self, message: Message) -> None:
+        if self._ended is not None:
+            raise ConnectionClosedError(self._ended)
+        try:
+            self._connection.send(message)
+        except ConnectionClosed as error:
+            raise ConnectionClosedError(self._closed_reason(str(error))) from None
+
+    async def _drain(self) -> None:
+        try:
+            await self._connection.drain()
+        except ConnectionClosed as error:
+            raise ConnectionClosedError(self._closed_reason(str(error))) from None
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                self._dispatch(await self._connection.recv())
+        except ConnectionClosed as error:
+            reason = str(error)
+        except ProtocolError as error:
+            reason = f"the daemon sent bytes that do not decode ({error})"
+            self._connection.abort()
+        self._end(self._closed_reason(reason))
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, Pong):
+            future = self._pings.pop(message.seq, None)
+        elif isinstance(message, InferReply | ModelsReply | StatsReply | HealthReply):
+            future = self._waiters.pop(message.request_id, None)
+        elif isinstance(message, Error):
+            self._server_error = f"{message.code}: {message.message}"
+            return
+        else:
+            future = None
+        if future is not None and not future.done():
+            future.set_result(message)
+
+    def _closed_reason(self, reason: str) -> str:
+        why = f"the daemon said {self._server_error}" if self._server_error else reason
+        return f"connection to {self.address} closed: {why}"
+
+    def _end(self, reason: str) -> None:
+        self._ended = reason
+        for waiters in (self._waiters, self._pings):
+            for future in waiters.values():
+                if not future.done():
+                    future.set_exception(ConnectionClosedError(reason))
+            waiters.clear()
+
+
+def _checked(reply: Message) -> _Reply:
+    """``reply`` if its status is ok; raises ApiError otherwise."""
+    assert isinstance(reply, ModelsReply | StatsReply | HealthReply | InferReply)
+    if reply.status != ApiCode.OK:
+        raise ApiError(reply.status, reply.message)
+    return reply
+
+
+async def _open(
+    address: str,
+    limits: Limits,
+    token: str,
+    name: str,
+    ssl: ssl_module.SSLContext | None,
+    server_hostname: str | None,
+) -> tuple[Connection, str]:
+    """A connection whose hello exchange succeeded, and the daemon's name. Raises
+    ConnectError, OSError, ValueError."""
+    parsed = parse_address(address)
+    connection = Connection(limits)  # the daemon may answer with an Error instead of a Hello
+    loop = asyncio.get_running_loop()
+    if isinstance(parsed, UnixAddress):
+        await loop.create_unix_connection(
+            lambda: _WireProtocol(connection), parsed.path, ssl=ssl, server_hostname=server_hostname
+        )
+    else:
+        hostname = server_hostname if server_hostname is not None or ssl is None else parsed.host
+        await loop.create_connection(
+            lambda: _WireProtocol(connection),
+            parsed.host,
+            parsed.port,
+            ssl=ssl,
+            server_hostname=hostname,
+        )
+    try:
+        return connection, await _handshake(connection, token, name)
+    except BaseException:
+        connection.abort()
+        raise
+
+
+async def _handshake(connection: Connection, token: str, name: str) -> str:
+    connection.send(Hello(PROTOCOL_VERSION, Role.CLIENT.value, name, token))
+    try:
+        answer = await connection.recv()
+    except (ConnectionClosed, ProtocolError) as error:
+        raise ConnectError("protocol_error", f"no hello from the daemon: {error}") from None
+    if isinstance(answer, Error):
+        raise ConnectError(answer.code, answer.message)
+    if not isinstance(answer, Hello) or answer.protocol_version != PROTOCOL_VERSION:
+        raise ConnectError("protocol_error", f"expected a version-1 hello, got {answer!r}")
+    return answer.name

@@ -1,0 +1,361 @@
+"""The client API server: wire connections in, `Service` calls, replies out.
+
+Each connection starts with a ``hello`` (version checked by the decoder, then the token mapped
+to scopes, `api.auth`); then it carries pipelined requests with client-chosen ids, answered in
+whatever order they finish. See docs/protocol.md, "Client API".
+
+Invariants:
+- An accepted InferRequest is in its session's ``pending`` from ``submit`` until its one
+  ``on_reply``; the server's ``outstanding`` counts exactly those, across sessions, including
+  sessions whose connection is gone and whose replies have not come back yet.
+- A disconnect calls ``Service.cancel`` once for each of its pending requests; their outcomes
+  still reach the service's bookkeeping (the replies are dropped, not the outcomes).
+- Memory per connection is bounded: at most ``max_outstanding_per_connection`` requests in
+  flight, and no request is read while the transport asks writers to pause (a slow reader),
+  so queued replies never grow past that many.
+- Every reply carries a status (an Outcome or `ApiCode` value) and a sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as ssl_module
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, cast
+
+from clockwork_async.api.auth import Scope, TokenAuth
+from clockwork_async.api.service import Service
+from clockwork_async.api.session import ApiSession
+from clockwork_async.connection import (
+    DEFAULT_MAX_QUEUED_MESSAGES,
+    Connection,
+    ConnectionClosed,
+    ConnectionState,
+    UnixAddress,
+    _WireProtocol,
+    parse_address,
+)
+from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
+from clockwork_async.wire.messages import (
+    PROTOCOL_VERSION,
+    ApiCode,
+    Error,
+    ErrorCode,
+    Hello,
+    Role,
+)
+
+if TYPE_CHECKING:
+    from clockwork_async.config import ServerConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ApiServer", "ServerLimits", "ServerState"]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Bounds of the client API (docs/protocol.md, "Client API limits")."""
+
+    max_connections: int = 4096
+    max_outstanding_per_connection: int = 1024  # requests in flight on one connection
+    max_outstanding_total: int = 65536  # accepted requests not answered yet, all connections
+    max_frame_bytes: int = DEFAULT_LIMITS.max_tail_bytes  # a frame's tail: inputs, uploads
+    hello_timeout_s: float = 10.0
+    drain_timeout_s: float = 10.0  # close(): how long in-flight requests may take
+    flush_timeout_s: float = 2.0  # close(): how long replies may take to reach slow readers
+    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES  # decoded, not yet handled
+    max_write_buffer_bytes: int = 1 << 20  # replies unsent beyond this: stop reading requests
+
+    def __post_init__(self) -> None:
+        counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")
+        for name in (*counts, "max_write_buffer_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ServerLimits.{name} must be >= 1")
+        if self.max_outstanding_total < 1 or not 1 <= self.max_frame_bytes < 1 << 32:
+            raise ValueError("ServerLimits: max_outstanding_total >= 1, max_frame_bytes < 4 GiB")
+        if min(self.hello_timeout_s, self.drain_timeout_s, self.flush_timeout_s) < 0:
+            raise ValueError("ServerLimits timeouts must be >= 0")
+
+    def wire_limits(self) -> Limits:
+        """The codec limits of a client connection: the default ones, with the frame tail
+        (all tensors of one message, or one uploaded model) at ``max_frame_bytes``."""
+        return Limits(max_tail_bytes=self.max_frame_bytes)
+
+    @classmethod
+    def from_config(cls, server: ServerConfig) -> ServerLimits:
+        """The limits of a ``[server]`` config section."""
+        return cls(
+            max_connections=server.max_connections,
+            max_outstanding_per_connection=server.max_outstanding_per_connection,
+            max_outstanding_total=server.max_outstanding_total,
+            max_frame_bytes=server.max_frame_bytes,
+            drain_timeout_s=server.drain_timeout_s,
+        )
+
+
+def auth_from_config(server: ServerConfig) -> TokenAuth:
+    """The token authentication of a ``[server]`` config section (off without tokens)."""
+    return TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token)
+
+
+class ServerState(Enum):
+    NEW = "new"
+    SERVING = "serving"
+    CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
+    CLOSED = "closed"
+
+
+_TRANSITIONS = {
+    ServerState.NEW: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.SERVING: (ServerState.CLOSING,),
+    ServerState.CLOSING: (ServerState.CLOSED,),
+    ServerState.CLOSED: (),
+}
+
+
+class ApiServer:
+    """Serves the client API of one `Service` on one address."""
+
+    def __init__(
+        self,
+        service: Service,
+        *,
+        limits: ServerLimits | None = None,
+        auth: TokenAuth | None = None,
+        name: str = "clockwork-async",
+        now_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        self.service = service
+        self.limits = limits or ServerLimits()
+        self.auth = auth or TokenAuth()
+        self.name = name
+        self.now_ns = now_ns
+        self._wire_limits = self.limits.wire_limits()
+        self._state = ServerState.NEW
+        self._listener: asyncio.Server | None = None
+        self._address = ""
+        self._handlers: dict[Connection, asyncio.Task[None]] = {}
+        self._sessions: set[ApiSession] = set()
+        self._admin_tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()  # set while nothing is outstanding
+        self._idle.set()
+        self._closed = asyncio.Event()
+        self.outstanding = 0
+        self.refused: dict[str, int] = {}  # connections refused, by error code
+
+    # --- public state ---------------------------------------------------------------------
+
+    @property
+    def state(self) -> ServerState:
+        return self._state
+
+    @property
+    def accepting_requests(self) -> bool:
+        return self._state is ServerState.SERVING
+
+    @property
+    def address(self) -> str:
+        """The bound address (``HOST:PORT`` or ``unix:PATH``); empty before `start`."""
+        return self._address
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._handlers)
+
+    def snapshot(self) -> dict[str, object]:
+        """JSON-able counters of the API layer."""
+        return {
+            "state": self._state.value,
+            "connections": len(self._handlers),
+            "sessions": len(self._sessions),
+            "outstanding": self.outstanding,
+            "slow_readers": sum(s.writing_paused for s in self._sessions),
+            "refused_connections": dict(self.refused),
+        }
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
+        """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
+        picks one, see `address`). Raises ValueError for a bad address, OSError if busy."""
+        self._enter(ServerState.SERVING)
+        parsed = parse_address(address)
+        loop = asyncio.get_running_loop()
+        if isinstance(parsed, UnixAddress):
+            self._listener = await loop.create_unix_server(self._protocol, parsed.path, ssl=ssl)
+            self._address = str(parsed)
+            return
+        self._listener = await loop.create_server(self._protocol, parsed.host, parsed.port, ssl=ssl)
+        host, port = self._listener.sockets[0].getsockname()[:2]
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Stop accepting; let in-flight requests finish for up to ``timeout_s`` (default
+        ``drain_timeout_s``) while new ones are answered ``shutting_down``; then close every
+        connection, flushing replies for up to ``flush_timeout_s``."""
+        if self._state in (ServerState.CLOSING, ServerState.CLOSED):
+            await self._closed.wait()
+            return
+        if self._state is ServerState.NEW:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            return
+        self._enter(ServerState.CLOSING)
+        assert self._listener is not None
+        self._listener.close()
+        drain_s = self.limits.drain_timeout_s if timeout_s is None else timeout_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wait_idle(), drain_s)
+        await self._close_connections()
+        await self._listener.wait_closed()
+        self._enter(ServerState.CLOSED)
+        self._closed.set()
+
+    async def _wait_idle(self) -> None:
+        while self.outstanding or self._admin_tasks:
+            self._idle.clear()
+            await self._idle.wait()
+
+    async def _close_connections(self) -> None:
+        """Close every connection (its handler then cancels what it left in flight); give
+        slow readers ``flush_timeout_s`` to take their replies, then abort."""
+        connections = list(self._handlers)
+        for connection in connections:
+            connection.close()
+        loop = asyncio.get_running_loop()
+        waits = [loop.create_task(c.wait_closed()) for c in connections]
+        waits += self._handlers.values()
+        if waits:
+            await asyncio.wait(waits, timeout=self.limits.flush_timeout_s)
+        for connection in connections:
+            connection.abort()
+        for task in list(self._admin_tasks):
+            task.cancel()
+        leftovers = [*waits, *self._handlers.values(), *self._admin_tasks]
+        if leftovers:
+            await asyncio.wait(leftovers)
+
+    def _enter(self, state: ServerState) -> None:
+        if state not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"server cannot go from {self._state.name} to {state.name}")
+        self._state = state
+
+    # --- bookkeeping the sessions call ------------------------------------------------------
+
+    def request_started(self) -> None:
+        self.outstanding += 1
+        self._idle.clear()
+
+    def request_ended(self) -> None:
+        self.outstanding -= 1
+        self._maybe_idle()
+
+    def track_admin(self, task: asyncio.Task[None]) -> None:
+        self._admin_tasks.add(task)
+        self._idle.clear()
+        task.add_done_callback(self._admin_done)
+
+    def _admin_done(self, task: asyncio.Task[None]) -> None:
+        self._admin_tasks.discard(task)
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if not self.outstanding and not self._admin_tasks:
+            self._idle.set()
+
+    # --- connections ------------------------------------------------------------------------
+
+    def _protocol(self) -> _WireProtocol:
+        connection = Connection(
+            self._wire_limits,
+            expect_hello=True,
+            max_queued_messages=self.limits.max_queued_messages,
+            max_queued_bytes=self.limits.max_frame_bytes,
+        )
+        high_water_bytes = self.limits.max_write_buffer_bytes
+        return _ApiProtocol(connection, lambda: self._spawn(connection), high_water_bytes)
+
+    def _spawn(self, connection: Connection) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(connection))
+        self._handlers[connection] = task
+        task.add_done_callback(lambda _task: self._handlers.pop(connection, None))
+
+    async def _serve(self, connection: Connection) -> None:
+        try:
+            await self._handle(connection)
+        except ConnectionClosed:
+            pass
+        except ProtocolError as error:
+            log.info("client %s: %s", connection.peername, error)
+            self._refuse(connection, error.code.value, error.message)
+        except Exception:
+            log.exception("client connection handler failed (peer %r)", connection.peername)
+        finally:
+            connection.close()
+
+    async def _handle(self, connection: Connection) -> None:
+        if len(self._handlers) > self.limits.max_connections:
+            limit = self.limits.max_connections
+            self._refuse(connection, ApiCode.OVERLOADED, f"too many connections (limit {limit})")
+            return
+        scopes = await self._handshake(connection)
+        if scopes is None:
+            return
+        session = ApiSession(self, connection, scopes)
+        self._sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self._sessions.discard(session)
+            session.disconnected()
+
+    async def _handshake(self, connection: Connection) -> frozenset[Scope] | None:
+        """Receive the client's hello and answer it; returns the scopes, or None after
+        refusing the connection. Raises ProtocolError, ConnectionClosed."""
+        try:
+            hello = await asyncio.wait_for(connection.recv(), self.limits.hello_timeout_s)
+        except TimeoutError:
+            self._refuse(connection, ErrorCode.PROTOCOL_ERROR, "no hello in time")
+            return None
+        if not isinstance(hello, Hello) or hello.role != Role.CLIENT:
+            what = f"a {hello.role!r} hello" if isinstance(hello, Hello) else "that"
+            raise ProtocolError(ErrorCode.PROTOCOL_ERROR, f"expected a client hello, got {what}")
+        scopes = self.auth.scopes(hello.token)
+        if scopes is None:
+            log.warning("client %s (%r): wrong or missing token", connection.peername, hello.name)
+            self._refuse(connection, ErrorCode.UNAUTHORIZED, "wrong or missing token")
+            return None
+        if not self.accepting_requests:
+            self._refuse(connection, ApiCode.SHUTTING_DOWN, "the server is shutting down")
+            return None
+        connection.send(Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, self.name))
+        return scopes
+
+    def _refuse(self, connection: Connection, code: str, message: str) -> None:
+        """Send an Error (the connection closes right after, in `_serve`)."""
+        self.refused[str(code)] = self.refused.get(str(code), 0) + 1
+        if connection.state is ConnectionState.OPEN:
+            connection.send(Error(code=str(code), message=message))
+
+
+class _ApiProtocol(_WireProtocol):
+    """The wire protocol with the transport's write buffer bounded as the limits say: above
+    ``high_water_bytes`` of unsent replies the session reads no more requests (a slow reader),
+    and it resumes once the buffer is down to a quarter of that."""
+
+    def __init__(
+        self, connection: Connection, on_made: Callable[[], None], high_water_bytes: int
+    ) -> None:
+        super().__init__(connection, on_made)
+        self._high_water_bytes = high_water_bytes
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        high = self._high_water_bytes
+        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high, high // 4)
+        super().connection_made(transport)

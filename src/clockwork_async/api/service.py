@@ -1,0 +1,123 @@
+"""What the client API server needs from the daemon: the `Service` protocol.
+
+The server (`api.server`) speaks the wire protocol and enforces connection-level policy
+(authentication, scopes, caps, backpressure); everything about serving models is behind this
+protocol, which the daemon implements (tests use a small fake).
+
+Invariants the server relies on:
+- ``submit`` calls ``on_reply`` exactly once per call, possibly before it returns, from the
+  event loop's thread; ``cancel`` of an unknown or answered id does nothing.
+- ``add_model``/``remove_model`` raise only `ServiceError` for refusals a client should see
+  (anything else is a bug, reported to the client as ``internal``).
+- ``stats`` returns JSON-able data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from clockwork_async.runtime.requests import InferOutcome
+from clockwork_async.wire.messages import ApiCode, ModelStatus
+
+__all__ = [
+    "ApiCode",
+    "Health",
+    "InferOutcome",
+    "ModelStatus",
+    "Service",
+    "ServiceError",
+    "resolve_deadline_ns",
+]
+
+NS_PER_MS = 1_000_000
+
+
+class ServiceError(Exception):
+    """A refusal the client sees: ``code`` (an `ApiCode` value such as ``unknown_model``,
+    ``bad_model``, ``model_exists``, ``unavailable``) and a sentence."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Health:
+    """``live``: the process serves; ``ready``: executors up and models registered.
+    ``reason`` says why it is not ready (empty when ready)."""
+
+    live: bool
+    ready: bool
+    reason: str = ""
+
+
+class Service(Protocol):
+    """The daemon, as the client API server sees it."""
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        on_reply: Callable[[InferOutcome], None],
+    ) -> int:
+        """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
+        (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
+        SLO (see `resolve_deadline_ns`). Returns the service's request id; ``on_reply`` is
+        called exactly once, possibly before this returns."""
+        ...
+
+    def cancel(self, request_id: int) -> None:
+        """Cancel a request by the id ``submit`` returned; unknown ids are ignored."""
+        ...
+
+    def list_models(self) -> list[ModelStatus]:
+        """Every registered model."""
+        ...
+
+    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
+        """Store and register a model. Raises ServiceError."""
+        ...
+
+    async def remove_model(self, name: str) -> None:
+        """Unregister and delete a model. Raises ServiceError."""
+        ...
+
+    def stats(self) -> dict[str, object]:
+        """A JSON-able snapshot of the daemon."""
+        ...
+
+    def health(self) -> Health:
+        """Liveness and readiness."""
+        ...
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
+
+
+def slo_ms_to_ns(slo_ms: float) -> int:
+    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
+    if not math.isfinite(slo_ms) or slo_ms <= 0:
+        raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
+    return max(1, round(slo_ms * NS_PER_MS))

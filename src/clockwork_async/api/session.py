@@ -1,0 +1,339 @@
+"""One client connection after its hello: requests in, `Service` calls, replies out.
+
+Invariants (the server's, per connection):
+- A request id is in ``_pending`` (infer) or ``_tasks`` (admin) from acceptance until its one
+  reply is sent (or dropped, the connection being gone); an id in either is refused as
+  ``duplicate_id``, so one in-flight id never has two meanings.
+- ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
+  connection is gone, but the server's ``outstanding`` count is settled either way.
+- Nothing is read while the connection's transport asks writers to pause (slow reader).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from clockwork_async.api.auth import Scope
+from clockwork_async.api.service import InferOutcome, ServiceError, slo_ms_to_ns
+from clockwork_async.connection import Connection, ConnectionState
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.logs import request_extra
+from clockwork_async.wire.codec import EncodeError, ProtocolError
+from clockwork_async.wire.messages import (
+    AddModel,
+    ApiCode,
+    CancelInfer,
+    ErrorCode,
+    GetHealth,
+    GetStats,
+    HealthReply,
+    InferReply,
+    InferRequest,
+    ListModels,
+    Message,
+    ModelsReply,
+    ModelStatus,
+    Ping,
+    Pong,
+    RemoveModel,
+    StatsReply,
+)
+
+if TYPE_CHECKING:
+    from clockwork_async.api.server import ApiServer
+
+log = logging.getLogger(__name__)
+
+ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An accepted InferRequest waiting for its outcome."""
+
+    received_ns: int
+    service_id: int | None = None  # None until submit returned (or if it answered at once)
+    done: bool = False
+
+
+class ApiSession:
+    """Serves the requests of one connection whose hello was accepted with ``scopes``."""
+
+    def __init__(self, server: ApiServer, connection: Connection, scopes: frozenset[Scope]):
+        self._server = server
+        self._service = server.service
+        self._connection = connection
+        self._scopes = scopes
+        self._pending: dict[int, _Pending] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            InferRequest: self._infer,
+            CancelInfer: self._cancel,
+            ListModels: self._list_models,
+            AddModel: self._add_model,
+            RemoveModel: self._remove_model,
+            GetStats: self._stats,
+            GetHealth: self._health,
+            Ping: self._ping,
+        }
+
+    @property
+    def writing_paused(self) -> bool:
+        return self._connection.writing_paused
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending) + len(self._tasks)
+
+    async def run(self) -> None:
+        """Serve until the connection ends. Raises ProtocolError for a message that is not
+        part of the client API (the server answers with an Error and closes)."""
+        connection = self._connection
+        while True:
+            message = await connection.recv()
+            handler = self._handlers.get(type(message))
+            if handler is None:
+                raise ProtocolError(
+                    ErrorCode.PROTOCOL_ERROR, f"{message.TAG!r} is not a client API message"
+                )
+            handler(message)
+            if connection.writing_paused:
+                await connection.drain()  # a slow reader: read nothing more until it catches up
+
+    def disconnected(self) -> None:
+        """The connection is gone: cancel what it still waits for (each once)."""
+        for entry in list(self._pending.values()):
+            if entry.service_id is not None and not entry.done:
+                self._service.cancel(entry.service_id)
+
+    # --- infer ------------------------------------------------------------------------------
+
+    def _infer(self, request: InferRequest) -> None:
+        refusal = self._refusal(request)
+        if refusal is not None:
+            self._send_infer_reply(request.request_id, *refusal)
+            return
+        slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
+        entry = _Pending(self._server.now_ns())
+        self._pending[request.request_id] = entry
+        self._server.request_started()
+        on_reply = partial(self._on_outcome, request.request_id, entry)
+        try:
+            service_id = self._service.submit(
+                request.model,
+                request.inputs,
+                slo_ns=slo_ns,
+                deadline_unix_ns=request.deadline_unix_ns,
+                on_reply=on_reply,
+            )
+        except Exception as error:  # a bug in the service: this request alone fails
+            peer = self._connection.peername
+            log.exception("submit failed (client %r, its request %d)", peer, request.request_id)
+            if not entry.done:
+                self._finish(request.request_id, entry)
+                why = f"submit failed: {error!r}"
+                self._send_infer_reply(request.request_id, ApiCode.INTERNAL, why)
+            return
+        if not entry.done:
+            entry.service_id = service_id
+
+    def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
+        """(status, sentence) when ``request`` is refused before it reaches the service."""
+        if self._busy(request.request_id):
+            return ApiCode.DUPLICATE_ID, f"request id {request.request_id} is already in flight"
+        if not self._server.accepting_requests:
+            return Outcome.SHUTTING_DOWN, "the server is shutting down"
+        limits = self._server.limits
+        if self.in_flight >= limits.max_outstanding_per_connection:
+            limit = limits.max_outstanding_per_connection
+            return Outcome.OVERLOADED, f"this connection has {limit} requests in flight (limit)"
+        if self._server.outstanding >= limits.max_outstanding_total:
+            limit = limits.max_outstanding_total
+            return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
+        return _deadline_problem(request)
+
+    def _busy(self, request_id: int) -> bool:
+        return request_id in self._pending or request_id in self._tasks
+
+    def _on_outcome(self, request_id: int, entry: _Pending, outcome: InferOutcome) -> None:
+        if entry.done:
+            extra = request_extra(outcome.request_id)
+            log.error("answered twice; the second answer is dropped", extra=extra)
+            return
+        self._finish(request_id, entry)
+        timing_ns = {key: int(value) for key, value in outcome.timing_ns.items()}
+        timing_ns["total"] = self._server.now_ns() - entry.received_ns
+        self._send_infer_reply(
+            request_id,
+            outcome.outcome.value,
+            outcome.message,
+            outputs=outcome.outputs,
+            timing_ns=timing_ns,
+            executor_id=outcome.executor_id or "",
+            batch_size=outcome.batch_size,
+        )
+
+    def _finish(self, request_id: int, entry: _Pending) -> None:
+        entry.done = True
+        if self._pending.get(request_id) is entry:
+            del self._pending[request_id]
+        self._server.request_ended()
+
+    def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
+        reply = InferReply(request_id, str(status), message, **rest)
+        try:
+            self._send(reply)
+        except EncodeError as error:
+            why = f"the reply could not be encoded: {error}"
+            self._send(InferReply(request_id, ApiCode.INTERNAL.value, why))
+
+    def _cancel(self, request: CancelInfer) -> None:
+        entry = self._pending.get(request.request_id)
+        if entry is not None and entry.service_id is not None and not entry.done:
+            self._service.cancel(entry.service_id)
+
+    # --- models -----------------------------------------------------------------------------
+
+    def _list_models(self, request: ListModels) -> None:
+        def answer() -> ModelsReply:
+            models = tuple(self._service.list_models())
+            return ModelsReply(request.request_id, ApiCode.OK, f"{len(models)} models", models)
+
+        self._answer_now(request.request_id, answer, ModelsReply)
+
+    def _add_model(self, request: AddModel) -> None:
+        onnx = request.files.get(ONNX_FILE)
+        if set(request.files) != {ONNX_FILE} or onnx is None or not _is_byte_vector(onnx):
+            why = f"add_model takes exactly one file, {ONNX_FILE!r}, as a 1-D uint8 tensor"
+            self._send(ModelsReply(request.request_id, ApiCode.BAD_REQUEST, why))
+            return
+
+        async def add() -> ModelsReply:
+            status = await self._service.add_model(request.name, onnx.tobytes(), request.model_toml)
+            return _models_reply(request.request_id, f"model {request.name!r} added", status)
+
+        self._start_admin(request.request_id, "add_model", add)
+
+    def _remove_model(self, request: RemoveModel) -> None:
+        async def remove() -> ModelsReply:
+            await self._service.remove_model(request.name)
+            return _models_reply(request.request_id, f"model {request.name!r} removed")
+
+        self._start_admin(request.request_id, "remove_model", remove)
+
+    def _start_admin(
+        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
+    ) -> None:
+        refusal = self._admin_refusal(request_id, what)
+        if refusal is not None:
+            self._send(ModelsReply(request_id, *refusal))
+            return
+        task = asyncio.get_running_loop().create_task(self._run_admin(request_id, what, work))
+        self._tasks[request_id] = task
+        self._server.track_admin(task)
+
+    def _admin_refusal(self, request_id: int, what: str) -> tuple[str, str] | None:
+        if Scope.ADMIN not in self._scopes:
+            return ApiCode.FORBIDDEN, f"{what} needs a token with the admin scope"
+        if self._busy(request_id):
+            return ApiCode.DUPLICATE_ID, f"request id {request_id} is already in flight"
+        if not self._server.accepting_requests:
+            return ApiCode.SHUTTING_DOWN, "the server is shutting down"
+        if self.in_flight >= self._server.limits.max_outstanding_per_connection:
+            return ApiCode.OVERLOADED, "this connection has too many requests in flight"
+        return None
+
+    async def _run_admin(
+        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
+    ) -> None:
+        try:
+            reply = await work()
+        except ServiceError as error:
+            reply = ModelsReply(request_id, error.code, error.message)
+        except Exception as error:
+            log.exception("%s (request %d) failed", what, request_id)
+            reply = ModelsReply(request_id, ApiCode.INTERNAL, f"{what} failed: {error!r}")
+        finally:
+            self._tasks.pop(request_id, None)
+        self._send_quietly(reply)
+
+    # --- stats, health, ping -------------------------------------------------------------------
+
+    def _stats(self, request: GetStats) -> None:
+        def answer() -> StatsReply:
+            stats = dict(self._service.stats())
+            stats.setdefault("api", self._server.snapshot())
+            data = json.dumps(stats, separators=(",", ":"), default=str).encode()
+            return StatsReply(request.request_id, ApiCode.OK, "stats", data)
+
+        self._answer_now(request.request_id, answer, StatsReply)
+
+    def _health(self, request: GetHealth) -> None:
+        def answer() -> HealthReply:
+            health = self._service.health()
+            sentence = "ready" if health.ready else f"not ready: {health.reason}"
+            return HealthReply(
+                request.request_id, ApiCode.OK, sentence, health.live, health.ready, health.reason
+            )
+
+        self._answer_now(request.request_id, answer, HealthReply)
+
+    def _ping(self, ping: Ping) -> None:
+        self._send(Pong(ping.seq, ping.sent_ns, self._server.now_ns()))
+
+    # --- sending --------------------------------------------------------------------------------
+
+    def _answer_now(
+        self,
+        request_id: int,
+        answer: Callable[[], Message],
+        reply_type: type[ModelsReply] | type[StatsReply] | type[HealthReply],
+    ) -> None:
+        """Send ``answer()``; a failure of the service or of encoding becomes ``internal``."""
+        if self._busy(request_id):
+            why = f"request id {request_id} is already in flight"
+            self._send(reply_type(request_id, ApiCode.DUPLICATE_ID, why))
+            return
+        try:
+            self._send(answer())
+        except Exception as error:  # a bug in the service, or a reply too large to encode
+            log.exception("%s (request %d) failed", reply_type.TAG, request_id)
+            self._send(reply_type(request_id, ApiCode.INTERNAL, f"failed: {error!r}"))
+
+    def _send(self, message: Message) -> None:
+        """Queue ``message`` unless the connection is gone. Raises EncodeError."""
+        if self._connection.state is ConnectionState.OPEN:
+            self._connection.send(message)
+
+    def _send_quietly(self, reply: ModelsReply) -> None:
+        try:
+            self._send(reply)
+        except EncodeError as error:
+            self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
+
+
+def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
+    if request.slo_ms is not None and request.deadline_unix_ns is not None:
+        return Outcome.BAD_INPUT, "give slo_ms or deadline_unix_ns, not both"
+    if request.slo_ms is not None:
+        try:
+            slo_ms_to_ns(request.slo_ms)
+        except ValueError as error:
+            return Outcome.BAD_INPUT, str(error)
+    return None
+
+
+def _is_byte_vector(array: np.ndarray) -> bool:
+    return bool(array.dtype == np.uint8 and array.ndim == 1)
+
+
+def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> ModelsReply:
+    return ModelsReply(request_id, ApiCode.OK, sentence, models)
