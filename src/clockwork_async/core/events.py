@@ -102,6 +102,12 @@ class Tick:
     """A timer the core asked for (WakeAt) fired, or the runtime just wants a look."""
 
 
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The runtime is draining: later arrivals are rejected ``shutting_down``; accepted
+    requests are still served (or dropped) as usual."""
+
+
 Event = (
     ExecutorJoined
     | ExecutorLeft
@@ -111,6 +117,7 @@ Event = (
     | RequestCancelled
     | ActionFinished
     | Tick
+    | Shutdown
 )
 
 

@@ -1,0 +1,77 @@
+"""One frozen configuration for the controller core, with every default in one place.
+
+Invariant: a ControllerConfig that exists is valid (``__post_init__`` checks every field and
+raises ConfigError naming it). Times are nanoseconds, fractions are in [0, 1]. The rationale of
+each default is in docs/controller.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MS_NS = 1_000_000
+POLICIES = ("clockwork", "fifo", "timeout")
+
+
+class ConfigError(ValueError):
+    """A controller configuration value that cannot work."""
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """How the controller schedules; see docs/controller.md for each key."""
+
+    policy: str = "clockwork"  # "clockwork" | "fifo" | "timeout"
+    # Predictions: a sliding window of measured durations, predicting a percentile of it.
+    window_size: int = 10
+    percentile: float = 99.0
+    # Keep each execute lane filled only this far into the future.
+    schedule_ahead_ns: int = 3 * MS_NS
+    # Safety margin between predicted completion and deadline: clamp(fraction * SLO, min, max).
+    margin_fraction: float = 0.05
+    margin_min_ns: int = 200_000
+    margin_max_ns: int = 5 * MS_NS
+    # Queue caps (admission): over them a request is rejected `overloaded`.
+    max_queued_total: int = 1_000_000
+    max_queued_per_model: int = 100_000
+    # Placement.
+    max_loads_in_flight: int = 2  # per executor
+    load_window_ns: int = 100 * MS_NS  # a LOAD not started this long after its earliest is void
+    utilisation_window_ns: int = 1_000 * MS_NS  # time constant of the execute-lane busy average
+    copy_max_utilisation: float = 0.8  # an extra copy only goes where the lane is less busy
+    # `timeout` policy (Triton-like dynamic batching).
+    max_queue_delay_ns: int = 1 * MS_NS  # wait at most this for a fuller batch
+    queue_timeout_ns: int = 0  # drop after this long queued; 0: at the request's deadline
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+        _positive(self, "window_size", "schedule_ahead_ns", "max_loads_in_flight")
+        _positive(self, "load_window_ns", "utilisation_window_ns")
+        _positive(self, "max_queued_total", "max_queued_per_model")
+        _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")
+        if not 0.0 < self.percentile <= 100.0:
+            raise ConfigError(f"percentile must be in (0, 100], not {self.percentile}")
+        if not 0.0 <= self.margin_fraction < 1.0:
+            raise ConfigError(f"margin_fraction must be in [0, 1), not {self.margin_fraction}")
+        if self.margin_max_ns < self.margin_min_ns:
+            raise ConfigError("margin_max_ns must be >= margin_min_ns")
+        if not 0.0 < self.copy_max_utilisation <= 1.0:
+            raise ConfigError("copy_max_utilisation must be in (0, 1]")
+
+    def margin_ns(self, slo_ns: int) -> int:
+        """Return the safety margin for a request with this SLO (deadline minus arrival)."""
+        scaled_ns = int(slo_ns * self.margin_fraction)
+        return min(self.margin_max_ns, max(self.margin_min_ns, scaled_ns))
+
+
+def _positive(config: ControllerConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, not {getattr(config, name)}")
+
+
+def _non_negative(config: ControllerConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) < 0:
+            raise ConfigError(f"{name} must be >= 0, not {getattr(config, name)}")

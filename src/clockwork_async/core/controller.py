@@ -1,0 +1,121 @@
+"""The controller core's one entry point: ``Controller.handle(event, now_ns) -> commands``.
+
+Invariants: pure — no clock reads, no I/O, no asyncio; the same events at the same times give
+the same commands. ``now_ns`` never decreases (TimeWentBackwards otherwise). Each call handles
+its event, then everything due at ``now_ns`` (timers, fills, drops, placement), and ends with a
+WakeAt when the core needs a Tick earlier than it already asked for. Invalid events raise
+InvalidEvent before any state changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .admission import on_request_arrived, on_request_cancelled
+from .config import ControllerConfig
+from .errors import InvalidEvent, TimeWentBackwards
+from .events import (
+    ActionFinished,
+    Command,
+    Event,
+    ExecutorJoined,
+    ExecutorLeft,
+    ModelRegistered,
+    ModelUnregistered,
+    RequestArrived,
+    RequestCancelled,
+    Shutdown,
+    Tick,
+)
+from .membership import (
+    on_executor_joined,
+    on_executor_left,
+    on_model_registered,
+    on_model_unregistered,
+)
+from .placement import place
+from .policies import make_policy
+from .results import on_action_finished
+from .scheduler import emit_wake, run_due
+from .state import CoreState
+from .stats import ControllerStats, ExecutorStats, executor_stats, snapshot
+
+
+class Controller:
+    """Makes every scheduling choice from events and predicted durations."""
+
+    def __init__(self, config: ControllerConfig | None = None) -> None:
+        self.config = config if config is not None else ControllerConfig()
+        self._core = CoreState(self.config, make_policy(self.config.policy))
+        core = self._core
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            RequestArrived: lambda e: on_request_arrived(core, e),
+            RequestCancelled: lambda e: on_request_cancelled(core, e),
+            ActionFinished: lambda e: on_action_finished(core, e),
+            ExecutorJoined: lambda e: on_executor_joined(core, e),
+            ExecutorLeft: lambda e: on_executor_left(core, e),
+            ModelRegistered: lambda e: on_model_registered(core, e),
+            ModelUnregistered: lambda e: on_model_unregistered(core, e),
+            Tick: self._on_tick,
+            Shutdown: self._on_shutdown,
+        }
+
+    def handle(self, event: Event, now_ns: int) -> list[Command]:
+        """Handle one event at ``now_ns``; return the commands to perform, in order.
+
+        Raises TimeWentBackwards if ``now_ns`` is earlier than a previous call's, InvalidEvent
+        for an event the core cannot accept (unknown type, bad spec, reused request id).
+        """
+        core = self._core
+        if now_ns < core.now_ns:
+            raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
+        handler = self._handlers.get(type(event))
+        if handler is None:
+            raise InvalidEvent(f"not a controller event: {event!r}")
+        core.now_ns = now_ns
+        handler(event)
+        run_due(core)
+        if core.placement_dirty:
+            place(core)
+        emit_wake(core)
+        out = core.out
+        core.out = []
+        return out
+
+    def _on_tick(self, event: Tick) -> None:
+        # Whatever timer was pending has fired (maybe a little early): ask again if needed.
+        self._core.wake_pending_ns = None
+
+    def _on_shutdown(self, event: Shutdown) -> None:
+        self._core.shutting_down = True
+
+    # --- read-only introspection -----------------------------------------------------------
+
+    def stats(self, with_executors: bool = True) -> ControllerStats:
+        """Return a snapshot of counts, queue depth, executors and prediction errors."""
+        return snapshot(self._core, with_executors)
+
+    def executor(self, executor_id: str) -> ExecutorStats:
+        """Return one executor's stats. Raises KeyError for an unknown id."""
+        return executor_stats(self._core, executor_id)
+
+    def queue_depth(self, model: str | None = None) -> int:
+        """Return the number of queued requests (of ``model``, or in all)."""
+        if model is None:
+            return self._core.queued_total
+        state = self._core.models.get(model)
+        return state.queued if state is not None else 0
+
+    def pending(self) -> int:
+        """Return the number of accepted requests not answered yet (0 once drained)."""
+        return self._core.queued_total + self._core.running_total
+
+    def predicted_exec_ns(self, model: str, kind: str, batch_size: int) -> int:
+        """Return the current execute prediction. Raises KeyError (unknown model or size)."""
+        spec = self._core.models[model].spec
+        return self._core.predictions.get(spec, kind).exec_ns[batch_size]
+
+    def recent_prediction_errors(self) -> tuple[Any, ...]:
+        """Return the most recent prediction errors (PredictionError), oldest first."""
+        return tuple(self._core.predictions.recent)

@@ -1,0 +1,177 @@
+"""Duration predictions: per (model, batch size, executor kind) a sliding window of recent
+measured durations, predicting a percentile of it; LOAD likewise.
+
+Invariants: a window is seeded with the model's offline profile for that kind and always holds
+1..window_size samples, so a prediction always exists; the seed leaves the window once
+``window_size`` measurements arrived. An executor kind the spec has no profile for is seeded
+with the *slowest* seed over the kinds it has (conservative: late results are the one bug we
+must not have), and counted in ``fallback_seeds``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from .events import ModelProfile, ModelSpec
+
+RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
+
+
+class SlidingWindow:
+    """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank)."""
+
+    __slots__ = ("_percentile", "_samples", "value_ns")
+
+    def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
+        self._samples: deque[int] = deque([seed_ns], maxlen=size)
+        self._percentile = percentile
+        self.value_ns = seed_ns
+
+    def add(self, sample_ns: int) -> None:
+        """Add a measurement and update ``value_ns``."""
+        self._samples.append(sample_ns)
+        ordered = sorted(self._samples)
+        rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
+        self.value_ns = ordered[max(0, rank)]
+
+
+class KindPredictions:
+    """Predictions for one model on one executor kind. ``exec_ns[b]`` and ``load_ns`` are the
+    current predictions (read on every scheduling decision, so kept as plain values)."""
+
+    __slots__ = ("_exec_windows", "_load_window", "exec_ns", "kind", "load_ns", "seed_kind")
+
+    def __init__(
+        self, profile: ModelProfile, kind: str, seed_kind: str, size: int, percentile: float
+    ) -> None:
+        self.kind = kind
+        self.seed_kind = seed_kind  # == kind unless seeded from a fallback
+        self._exec_windows = {
+            batch: SlidingWindow(size, percentile, ns) for batch, ns in profile.execute_ns.items()
+        }
+        self._load_window = SlidingWindow(size, percentile, profile.load_ns)
+        self.exec_ns: dict[int, int] = dict(profile.execute_ns)
+        self.load_ns = profile.load_ns
+
+    def record_execute(self, batch_size: int, measured_ns: int) -> int:
+        """Add a measured execute duration; return the error (measured - predicted before)."""
+        window = self._exec_windows.get(batch_size)
+        if window is None:
+            return 0
+        error_ns = measured_ns - window.value_ns
+        window.add(measured_ns)
+        self.exec_ns[batch_size] = window.value_ns
+        return error_ns
+
+    def record_load(self, measured_ns: int) -> int:
+        """Add a measured LOAD duration; return the error (measured - predicted before)."""
+        error_ns = measured_ns - self._load_window.value_ns
+        self._load_window.add(measured_ns)
+        self.load_ns = self._load_window.value_ns
+        return error_ns
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionError:
+    """One measured-minus-predicted sample (positive: slower than predicted)."""
+
+    action: str  # "infer" | "load"
+    model: str
+    kind: str
+    batch_size: int  # 0 for LOAD
+    error_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionErrorStats:
+    count: int = 0
+    sum_ns: int = 0
+    sum_abs_ns: int = 0
+    min_ns: int = 0
+    max_ns: int = 0
+
+
+class Predictions:
+    """All predictions of the core, created lazily per (model, kind)."""
+
+    def __init__(self, window_size: int, percentile: float) -> None:
+        self._size = window_size
+        self._percentile = percentile
+        self._by_model: dict[str, dict[str, KindPredictions]] = {}
+        self.fallback_seeds = 0
+        self._totals: dict[str, _ErrorTotals] = {}
+        self.recent: deque[PredictionError] = deque(maxlen=RECENT_ERRORS)
+
+    def get(self, spec: ModelSpec, kind: str) -> KindPredictions:
+        """Return the predictions of ``spec`` on ``kind``, seeding them on first use."""
+        per_kind = self._by_model.get(spec.name)
+        if per_kind is None:
+            per_kind = self._by_model[spec.name] = {}
+        found = per_kind.get(kind)
+        if found is None:
+            found = per_kind[kind] = self._seed(spec, kind)
+        return found
+
+    def forget(self, name: str) -> None:
+        """Drop every window of model ``name`` (unregistered or re-registered)."""
+        self._by_model.pop(name, None)
+
+    def record_execute(self, spec: ModelSpec, kind: str, batch_size: int, measured_ns: int) -> int:
+        """Record a measured execute duration; return its prediction error."""
+        error_ns = self.get(spec, kind).record_execute(batch_size, measured_ns)
+        self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
+        return error_ns
+
+    def record_load(self, spec: ModelSpec, kind: str, measured_ns: int) -> int:
+        """Record a measured LOAD duration; return its prediction error."""
+        error_ns = self.get(spec, kind).record_load(measured_ns)
+        self._note("load", PredictionError("load", spec.name, kind, 0, error_ns))
+        return error_ns
+
+    def _seed(self, spec: ModelSpec, kind: str) -> KindPredictions:
+        profile = spec.profiles.get(kind)
+        if profile is not None:
+            return KindPredictions(profile, kind, kind, self._size, self._percentile)
+        self.fallback_seeds += 1
+        slowest = slowest_profile(spec)
+        return KindPredictions(slowest, kind, "*slowest*", self._size, self._percentile)
+
+    def _note(self, action: str, sample: PredictionError) -> None:
+        self.recent.append(sample)
+        totals = self._totals.get(action)
+        if totals is None:
+            totals = self._totals[action] = _ErrorTotals()
+        totals.add(sample.error_ns)
+
+    def error_stats(self) -> dict[str, PredictionErrorStats]:
+        """Return the error summary per action kind ("infer", "load")."""
+        return {action: totals.snapshot() for action, totals in self._totals.items()}
+
+
+class _ErrorTotals:
+    __slots__ = ("count", "max_ns", "min_ns", "sum_abs_ns", "sum_ns")
+
+    def __init__(self) -> None:
+        self.count = self.sum_ns = self.sum_abs_ns = self.min_ns = self.max_ns = 0
+
+    def add(self, error_ns: int) -> None:
+        first = self.count == 0
+        self.count += 1
+        self.sum_ns += error_ns
+        self.sum_abs_ns += abs(error_ns)
+        self.min_ns = error_ns if first else min(self.min_ns, error_ns)
+        self.max_ns = error_ns if first else max(self.max_ns, error_ns)
+
+    def snapshot(self) -> PredictionErrorStats:
+        return PredictionErrorStats(
+            self.count, self.sum_ns, self.sum_abs_ns, self.min_ns, self.max_ns
+        )
+
+
+def slowest_profile(spec: ModelSpec) -> ModelProfile:
+    """Return a profile taking, per batch size and for LOAD, the slowest seed over all kinds."""
+    profiles = list(spec.profiles.values())
+    execute_ns = {b: max(p.execute_ns[b] for p in profiles) for b in spec.batch_sizes}
+    return ModelProfile(execute_ns=execute_ns, load_ns=max(p.load_ns for p in profiles))

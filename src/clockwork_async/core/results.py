@@ -1,0 +1,156 @@
+"""Action results: answer requests, correct the lanes, learn durations, re-plan failures.
+
+Invariants: every result settles exactly one outstanding action (unknown ids are counted as
+stray and ignored: e.g. a result racing an ExecutorLeft). A successful INFER answers each of
+its still-running requests ``ok`` when the result arrived by the request's deadline, else
+``late`` (outputs attached either way). A failed INFER re-queues its requests when they can
+still be served (``too_late``, ``not_loaded``) and otherwise ends them: ``dropped`` when the
+executor refused in time, ``failed`` on any other error.
+"""
+
+from __future__ import annotations
+
+from .events import ActionFinished
+from .models import RequestState
+from .outcomes import Outcome
+from .placement import forget_if_gone, send_unload
+from .queues import RequestStatus
+from .state import CoreState
+from .tracker import Action, ActionKind, ExecutorState
+
+REPLANNABLE = frozenset({"too_late", "not_loaded"})
+ALREADY_LOADED = "already_loaded"
+
+
+def on_action_finished(core: CoreState, event: ActionFinished) -> None:
+    """Settle the action ``event`` reports on."""
+    action = core.actions.get(event.action_id)
+    if action is None or action.executor_id != event.executor_id:
+        _on_unload_finished(core, event)
+        return
+    del core.actions[event.action_id]
+    executor = core.executors[action.executor_id]
+    del executor.actions[event.action_id]
+    if action.kind is ActionKind.INFER:
+        _infer_finished(core, executor, action, event)
+    else:
+        _load_finished(core, executor, action, event)
+
+
+def _on_unload_finished(core: CoreState, event: ActionFinished) -> None:
+    unload = core.unloads.get(event.action_id)
+    if unload is None or unload[0] != event.executor_id:
+        core.counters["stray_results"] += 1
+        return
+    del core.unloads[event.action_id]
+    if event.code and event.code != "not_loaded":
+        core.counters["unload_failures"] += 1
+
+
+def _infer_finished(
+    core: CoreState, executor: ExecutorState, action: Action, event: ActionFinished
+) -> None:
+    model = action.model
+    executor.exec_lane.finish(action, event.end_ns or core.now_ns)
+    executor.remove_infer(model.name)
+    if not event.code:
+        if event.duration_ns > 0:
+            core.predictions.record_execute(
+                model.spec, executor.kind, action.batch_size, event.duration_ns
+            )
+        _answer_batch(core, action, event)
+    else:
+        _infer_failed(core, executor, action, event.code)
+    if model.retired and model.name in executor.loaded and not executor.is_busy_with(model.name):
+        send_unload(core, executor, model.name, eviction=False)
+    core.to_fill[executor.executor_id] = executor
+    if core.cold:
+        core.placement_dirty = True  # the model may be evictable now
+
+
+def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> None:
+    now_ns = core.now_ns
+    for request in action.requests:
+        if request.status is not RequestStatus.RUNNING:
+            continue  # cancelled while running
+        on_time = now_ns <= request.deadline_ns
+        details = {
+            "batch_size": action.batch_size,
+            "predicted_ns": action.predicted_ns,
+            "measured_ns": event.duration_ns,
+            "arrival_ns": request.arrival_ns,
+            "start_ns": event.start_ns,
+            "end_ns": event.end_ns,
+        }
+        if on_time:
+            core.answer(request, Outcome.OK, "", action, details)
+        else:
+            late_ms = (now_ns - request.deadline_ns) / 1e6
+            message = f"result arrived {late_ms:.3f} ms after the deadline"
+            core.answer(request, Outcome.LATE, message, action, details)
+
+
+def _infer_failed(core: CoreState, executor: ExecutorState, action: Action, code: str) -> None:
+    core.counters["infer_errors"] += 1
+    if code == "too_late":
+        core.counters["too_late"] += 1
+    if code == "not_loaded":
+        forget_copy(core, executor, action.model.name)
+    who = f"executor {executor.executor_id!r}"
+    for request in action.requests:
+        if request.status is not RequestStatus.RUNNING:
+            continue
+        if code in REPLANNABLE:
+            replan_or_end(core, request, Outcome.DROPPED, f"{who} refused its batch ({code})")
+        else:
+            core.answer(request, Outcome.FAILED, f"{who} failed its batch ({code})")
+
+
+def replan_or_end(core: CoreState, request: RequestState, outcome: Outcome, why: str) -> None:
+    """Queue a RUNNING request again if the policy says it can still be served, else end it."""
+    if core.policy.can_replan(core, request):
+        core.requeue(request)
+        return
+    if request.model.retired:
+        core.answer(request, Outcome.FAILED, f"{why}; its model was unregistered")
+        return
+    core.answer(request, outcome, f"{why}; no executor can serve it in time")
+
+
+def forget_copy(core: CoreState, executor: ExecutorState, name: str) -> None:
+    """The executor does not hold ``name`` after all: forget its copy and pages."""
+    pages = executor.loaded.pop(name, None)
+    if pages is None:
+        return
+    executor.pages_used -= pages
+    model = core.models.get(name) or core.retiring.get(name)
+    if model is not None:
+        model.loaded_on.pop(executor.executor_id, None)
+        core.mark_cold(model)
+        forget_if_gone(core, name)
+
+
+def _load_finished(
+    core: CoreState, executor: ExecutorState, action: Action, event: ActionFinished
+) -> None:
+    model = action.model
+    executor.load_lane.finish(action, event.end_ns or core.now_ns)
+    del executor.loading[model.name]
+    model.loading_on.pop(executor.executor_id, None)
+    core.free_load_slots += 1
+    core.placement_dirty = True
+    if event.code and event.code != ALREADY_LOADED:
+        executor.pages_used -= action.pages
+        core.counters["load_failures"] += 1
+        core.mark_cold(model)
+        forget_if_gone(core, model.name)
+        return
+    if not event.code and event.duration_ns > 0:
+        core.predictions.record_load(model.spec, executor.kind, event.duration_ns)
+    executor.loaded[model.name] = action.pages
+    model.loaded_on[executor.executor_id] = None
+    if model.retired:
+        send_unload(core, executor, model.name, eviction=False)
+        return
+    core.push_head(executor, model)
+    core.to_fill[executor.executor_id] = executor

@@ -1,0 +1,206 @@
+"""Per-executor tracking: when each lane will be free, pages, copies and outstanding actions.
+
+Invariants: a lane runs one action at a time, in the order the core committed them; its
+``end_ns`` is the predicted end of the last committed action, chained from the last measured
+end (``base_ns``) through each outstanding action's ``max(earliest, previous end) + predicted``.
+Results correct the chain; an executor that falls behind (its first outstanding action is past
+its predicted end without a result) is resynchronised: that action is assumed to end now.
+``pages_used`` counts loaded and loading copies (a LOAD reserves its pages when it is sent; an
+UNLOAD returns them when it is sent, as the executor runs it at once, before any later LOAD).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from enum import Enum
+
+from .models import ModelState, RequestState
+
+
+class ActionKind(Enum):
+    INFER = "infer"
+    LOAD = "load"
+    UNLOAD = "unload"
+
+
+class Action:
+    """An action the core sent and has not seen the result of."""
+
+    __slots__ = (
+        "action_id",
+        "batch_size",
+        "earliest_ns",
+        "executor_id",
+        "kind",
+        "latest_ns",
+        "model",
+        "pages",
+        "planned_end_ns",
+        "predicted_ns",
+        "requests",
+    )
+
+    def __init__(
+        self,
+        action_id: int,
+        kind: ActionKind,
+        executor_id: str,
+        model: ModelState,
+        earliest_ns: int = 0,
+        predicted_ns: int = 0,
+    ) -> None:
+        self.action_id = action_id
+        self.kind = kind
+        self.executor_id = executor_id
+        self.model = model
+        self.earliest_ns = earliest_ns
+        self.latest_ns = earliest_ns
+        self.predicted_ns = predicted_ns
+        self.planned_end_ns = earliest_ns + predicted_ns
+        self.requests: list[RequestState] = []
+        self.batch_size = 0
+        self.pages = 0
+
+
+class Lane:
+    """One lane of an executor (execute or load): strictly one action at a time."""
+
+    __slots__ = ("base_ns", "end_ns", "outstanding", "resyncs")
+
+    def __init__(self) -> None:
+        self.outstanding: deque[Action] = deque()
+        self.base_ns = 0  # measured end of the last finished action
+        self.end_ns = 0  # predicted end of all committed work
+        self.resyncs = 0
+
+    def free_at(self, now_ns: int) -> int:
+        """Return when the lane is predicted to be free (may be before ``now_ns`` when idle)."""
+        outstanding = self.outstanding
+        if outstanding and outstanding[0].planned_end_ns < now_ns:
+            self._resync(now_ns)
+        return self.end_ns
+
+    def start_for(self, now_ns: int) -> int:
+        """Return the earliest start for a new action: ``max(now, free_at)``."""
+        free_ns = self.free_at(now_ns)
+        return free_ns if free_ns > now_ns else now_ns
+
+    def commit(self, action: Action) -> None:
+        """Append ``action`` (its ``earliest_ns`` >= ``start_for(now)``) to the lane."""
+        action.planned_end_ns = action.earliest_ns + action.predicted_ns
+        self.outstanding.append(action)
+        self.end_ns = action.planned_end_ns
+
+    def finish(self, action: Action, ended_ns: int) -> None:
+        """Remove ``action`` (result in, or executor gone); re-chain from ``ended_ns``."""
+        try:
+            self.outstanding.remove(action)
+        except ValueError:
+            return
+        self.base_ns = max(self.base_ns, ended_ns)
+        self._chain(self.base_ns)
+
+    def _resync(self, now_ns: int) -> None:
+        self.resyncs += 1
+        first = self.outstanding[0]
+        first.planned_end_ns = now_ns
+        end_ns = now_ns
+        for action in list(self.outstanding)[1:]:
+            action.planned_end_ns = max(action.earliest_ns, end_ns) + action.predicted_ns
+            end_ns = action.planned_end_ns
+        self.end_ns = end_ns
+
+    def _chain(self, from_ns: int) -> None:
+        end_ns = from_ns
+        for action in self.outstanding:
+            action.planned_end_ns = max(action.earliest_ns, end_ns) + action.predicted_ns
+            end_ns = action.planned_end_ns
+        self.end_ns = end_ns
+
+
+class ExecutorState:
+    """What the core knows of one executor. ``loaded`` is in LRU order (least recent first)."""
+
+    __slots__ = (
+        "actions",
+        "alive",
+        "busy",
+        "busy_at_ns",
+        "exec_lane",
+        "executor_id",
+        "heap",
+        "infers_by_model",
+        "joined_ns",
+        "kind",
+        "load_lane",
+        "loaded",
+        "loading",
+        "page_bytes",
+        "pages_total",
+        "pages_used",
+        "timer_at_ns",
+        "timer_version",
+    )
+
+    def __init__(
+        self, executor_id: str, kind: str, pages_total: int, page_bytes: int, joined_ns: int = 0
+    ) -> None:
+        self.executor_id = executor_id
+        self.joined_ns = joined_ns
+        self.kind = kind
+        self.pages_total = pages_total
+        self.page_bytes = page_bytes
+        self.pages_used = 0
+        self.exec_lane = Lane()
+        self.load_lane = Lane()
+        self.loaded: OrderedDict[str, int] = OrderedDict()  # model -> pages, LRU first
+        self.loading: dict[str, Action] = {}  # model -> its outstanding LOAD
+        self.infers_by_model: dict[str, int] = {}  # model -> outstanding INFERs
+        self.actions: dict[int, Action] = {}  # every outstanding action here
+        # EDF over the models loaded here: (head key, seq, model version, model).
+        self.heap: list[tuple[int, int, int, ModelState]] = []
+        self.timer_version = 0
+        self.timer_at_ns = -1
+        self.busy = 0.0  # decayed committed execute time per unit time
+        self.busy_at_ns = joined_ns
+        self.alive = True
+
+    @property
+    def pages_free(self) -> int:
+        return self.pages_total - self.pages_used
+
+    def holds(self, name: str) -> bool:
+        """Return True when ``name`` is loaded or loading here."""
+        return name in self.loaded or name in self.loading
+
+    def is_busy_with(self, name: str) -> bool:
+        """Return True when an INFER of ``name`` is outstanding here (it must not be evicted)."""
+        return self.infers_by_model.get(name, 0) > 0
+
+    def add_infer(self, name: str) -> None:
+        self.infers_by_model[name] = self.infers_by_model.get(name, 0) + 1
+        self.loaded.move_to_end(name)
+
+    def remove_infer(self, name: str) -> None:
+        left = self.infers_by_model.get(name, 0) - 1
+        if left > 0:
+            self.infers_by_model[name] = left
+        else:
+            self.infers_by_model.pop(name, None)
+
+    def record_busy(self, now_ns: int, duration_ns: int, window_ns: int) -> None:
+        """Add committed execute time to the decayed busy average."""
+        self.busy = self.utilisation(now_ns, window_ns) + duration_ns / window_ns
+        self.busy_at_ns = now_ns
+
+    def utilisation(self, now_ns: int, window_ns: int) -> float:
+        """Return the execute lane's busy fraction, averaged over about ``window_ns`` (over
+        the time since it joined, while that is shorter: no warm-up bias towards idle)."""
+        elapsed_ns = now_ns - self.busy_at_ns
+        busy = self.busy if elapsed_ns <= 0 else self.busy * math.exp(-elapsed_ns / window_ns)
+        age_ns = now_ns - self.joined_ns
+        if age_ns >= 8 * window_ns:
+            return busy
+        seen = 1.0 - math.exp(-max(age_ns, window_ns // 100) / window_ns)
+        return busy / seen

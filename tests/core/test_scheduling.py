@@ -1,0 +1,193 @@
+"""Exact schedules of the clockwork policy on a virtual clock (ResNet50-V100 durations:
+b1 2.73, b2 4.05, b4 5.88, b8 9.93, b16 17.33 ms; LOAD 8.3 ms; schedule ahead 3 ms; margin
+5% of the SLO, clamped to [0.2, 5] ms)."""
+
+from __future__ import annotations
+
+from clockwork_async.core.events import Reply, StartInfer, StartLoad, WakeAt
+from clockwork_async.core.outcomes import Outcome
+
+from .harness import MS, US, Harness, only
+
+B1, B2, B4, B8, B16 = 2_730 * US, 4_050 * US, 5_880 * US, 9_930 * US, 17_330 * US
+
+
+def loaded_harness(*models: str, **config: object) -> Harness:
+    h = Harness(**config)
+    h.register(*models)
+    h.join("e1", loaded=models)
+    return h
+
+
+def busy_lane(h: Harness, model: str = "a") -> list[StartInfer]:
+    """Two b1 requests at t=0 fill the lane to 5.46 ms (past the 3 ms horizon)."""
+    first = only(h.request(1000, model, 100 * MS), StartInfer)
+    second = only(h.request(1001, model, 100 * MS), StartInfer)
+    assert [(c.earliest_ns, c.batch_size) for c in first + second] == [(0, 1), (B1, 1)]
+    return first + second
+
+
+def test_idle_executor_runs_a_lone_request_at_once_with_a_window_that_meets_its_deadline() -> None:
+    h = loaded_harness("a")
+    (infer,) = only(h.request(1, "a", 100 * MS), StartInfer)
+    assert infer == StartInfer("e1", infer.action_id, "a", 1, (1,), 0, 95 * MS - B1, B1)
+
+
+def test_queued_requests_go_as_one_padded_batch_when_the_lane_frees_up() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    for request_id in range(5):
+        assert not only(h.request(request_id, "a", 100 * MS), StartInfer)
+    assert h.wake_ns == 2 * B1 - 3 * MS  # lane free at 5.46 ms, minus schedule-ahead
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert infer.batch_size == 8 and infer.request_ids == (0, 1, 2, 3, 4)
+    assert (infer.earliest_ns, infer.latest_ns, infer.predicted_ns) == (2 * B1, 95 * MS - B8, B8)
+
+
+def test_batch_is_the_largest_that_meets_the_earliest_deadline_and_the_rest_drop_at_once() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    for request_id in range(5):  # SLO 13 ms: internal deadline 12.35 ms
+        h.request(request_id, "a", 13 * MS)
+    commands = h.tick(2 * B1 - 3 * MS)
+    (infer,) = only(commands, StartInfer)
+    # 5.46 + b8 = 15.39 > 12.35; 5.46 + b4 = 11.34 fits: four requests, in arrival order.
+    assert (infer.batch_size, infer.request_ids) == (4, (0, 1, 2, 3))
+    assert infer.latest_ns == 12_350 * US - B4
+    # The fifth could start only at 11.34 ms: hopeless now, dropped now (not at its deadline).
+    assert h.outcome(4) is Outcome.DROPPED
+    assert [r.request_id for r in only(commands, Reply)] == [4]
+
+
+def test_earliest_deadline_first_across_models() -> None:
+    h = loaded_harness("a", "b")
+    running = busy_lane(h)
+    h.request(1, "a", 80 * MS)
+    h.request(2, "b", 50 * MS)
+    (first,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (first.model, first.earliest_ns) == ("b", 2 * B1)
+    assert h.wake_ns == 3 * B1 - 3 * MS
+    h.finish(running[0])  # on time (2.73 ms): no correction
+    (second,) = only(h.tick(3 * B1 - 3 * MS), StartInfer)
+    assert (second.model, second.earliest_ns) == ("a", 3 * B1)
+
+
+def test_a_request_is_dropped_the_moment_an_earlier_deadline_takes_its_slot() -> None:
+    h = loaded_harness("a", "b")
+    busy_lane(h)
+    h.request(1, "a", 11 * MS)  # internal deadline 10.45 ms; 5.46 + 2.73 = 8.19 fits now
+    h.request(2, "b", 10 * MS)  # internal deadline 9.5 ms: served first (EDF)
+    assert 1 not in h.replies and 2 not in h.replies
+    commands = h.tick(2 * B1 - 3 * MS)
+    (infer,) = only(commands, StartInfer)
+    assert infer.request_ids == (2,)
+    # Request 1 could now start only at 8.19 ms and end at 10.92 > 10.45: dropped at 2.46 ms,
+    # long before its deadline (11 ms) and its last possible start (7.72 ms).
+    (drop,) = only(commands, Reply)
+    assert (drop.request_id, drop.outcome) == (1, Outcome.DROPPED)
+
+
+def test_request_that_no_executor_could_meet_even_now_is_rejected_infeasible() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    # Lane free at 5.46 ms; 5.46 + 2.73 = 8.19 > 8 - 0.4 (margin) = 7.6.
+    (reply,) = only(h.request(1, "a", 8 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE and "SLO" in reply.message
+
+
+def test_cold_start_loads_then_infers_after_the_load_result() -> None:
+    h = Harness()
+    h.register("a")
+    h.join("e1")
+    commands = h.request(1, "a", 100 * MS)
+    (load,) = only(commands, StartLoad)
+    assert not only(commands, StartInfer)
+    assert (load.executor_id, load.model, load.earliest_ns) == ("e1", "a", 0)
+    (infer,) = only(h.finish(load), StartInfer)
+    assert (infer.earliest_ns, infer.request_ids) == (8_300 * US, (1,))
+    assert h.ctl.stats().counters["cold_starts"] == 1
+
+
+def test_cold_start_that_cannot_fit_its_slo_is_rejected_early() -> None:
+    h = Harness()
+    h.register("a")
+    h.join("e1")
+    commands = h.request(1, "a", 10 * MS)  # 8.3 + 2.73 = 11.03 > 9.5
+    assert only(commands, Reply)[0].outcome is Outcome.INFEASIBLE
+    assert not only(commands, StartLoad)
+
+
+def test_cold_request_is_dropped_when_its_load_can_no_longer_start_in_time() -> None:
+    h = Harness(max_loads_in_flight=1)
+    h.register("a", "x")
+    h.join("e1")
+    (x_load,) = only(h.request(1, "x", 100 * MS), StartLoad)
+    # SLO 30 (internal 28.5): after x's load, 8.3 + 8.3 + 2.73 = 19.33 fits, but no load slot.
+    assert not only(h.request(2, "a", 30 * MS), StartLoad)
+    drop_at_ns = 28_500 * US - B1 - 8_300 * US + 1
+    assert h.wake_ns == drop_at_ns
+    h.tick(drop_at_ns)
+    assert h.outcome(2) is Outcome.DROPPED and "loaded nowhere" in h.replies[2][0].message
+    h.finish(x_load, at_ns=20 * MS)
+    assert 1 not in h.replies  # x's request is served after its late load
+
+
+def test_executor_that_falls_behind_is_resynchronised() -> None:
+    h = loaded_harness("a")
+    h.request(1, "a", 100 * MS)  # predicted [0, 2.73], no result arrives
+    (infer,) = only(h.request(2, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    assert infer.earliest_ns == 10 * MS  # not 2.73 ms: the lane is assumed busy until now
+    assert h.ctl.executor("e1").resyncs == 1
+
+
+def test_result_correction_moves_the_lane_earlier() -> None:
+    h = loaded_harness("a")
+    first, second = busy_lane(h)
+    for request_id in range(3):
+        h.request(request_id, "a", 100 * MS)
+    h.finish(first, end_ns=2 * MS)  # 0.73 ms faster than predicted
+    # the second still starts at its window (2.73), the lane is free at 5.46 (not 4.73):
+    assert h.ctl.executor("e1").exec_free_at_ns == 2 * B1
+    (infer,) = only(h.finish(second, end_ns=4 * MS), StartInfer)
+    assert infer.earliest_ns == 4 * MS and infer.request_ids == (0, 1, 2)
+
+
+def test_wake_at_is_sent_only_when_earlier_than_the_one_pending() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    first = only(h.request(1, "a", 100 * MS), WakeAt)
+    assert first == [WakeAt(2 * B1 - 3 * MS)]
+    assert not only(h.request(2, "a", 100 * MS), WakeAt)
+
+
+def test_a_fuller_batch_goes_first_when_serving_the_urgent_head_first_would_lose_it() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)  # lane free at 5.46 ms
+    h.request(1, "a", 9 * MS)  # internal 8.55: only a batch of 1 fits after 5.46
+    h.request(2, "a", 11 * MS)  # internal 10.45: a batch of 2 fits (5.46 + 4.05 = 9.51)
+    h.request(3, "a", 11 * MS)
+    commands = h.tick(2 * B1 - 3 * MS)
+    (infer,) = only(commands, StartInfer)
+    # Head first (b1 until 8.19) would leave 8.19 + 4.05 > 10.45: two requests beat one.
+    assert (infer.batch_size, infer.request_ids) == (2, (2, 3))
+    assert h.outcome(1) is Outcome.DROPPED
+
+
+def test_the_urgent_head_goes_first_when_the_fuller_batch_can_still_follow() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    h.request(1, "a", 9 * MS)
+    h.request(2, "a", 100 * MS)
+    h.request(3, "a", 100 * MS)
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (infer.batch_size, infer.request_ids) == (1, (1,))
+    assert not h.replies.get(1)
+
+
+def test_a_tick_that_fires_early_gets_its_wake_asked_for_again() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)
+    h.request(1, "a", 100 * MS)
+    wake_ns = 2 * B1 - 3 * MS
+    commands = h.tick(wake_ns - 1)  # a millisecond-grained timer may fire a little early
+    assert only(commands, WakeAt) == [WakeAt(wake_ns)] and not only(commands, StartInfer)
