@@ -53,6 +53,7 @@ import onnx
 # The installed library, not this module: absolute imports never resolve to a sibling. (ruff
 # sorts it as first-party only because executors/ is one of its source roots.)
 import onnxruntime as ort
+
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from . import ort_graph

@@ -20,10 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 # The installed library, not the sibling module: absolute imports never resolve to a sibling.
 import onnxruntime as ort
+from onnx import numpy_helper
+
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from .backend import BackendError

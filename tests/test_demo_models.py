@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
-import onnxruntime as ort
 from clockwork_async import demo_models
 from clockwork_async.demo_models import BUILDERS, generate_demo_models
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from clockwork_async.executors.arena import NumpyArena
 from clockwork_async.executors.backend import Backend, BackendError, PageRun
@@ -23,7 +24,6 @@ from clockwork_async.executors.onnxruntime import (
 from clockwork_async.executors.pages import PageCache
 from onnx import TensorProto, helper, numpy_helper
 
-import onnxruntime as ort
 from clockwork_async.demo_models import generate_demo_models
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 

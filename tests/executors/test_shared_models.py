@@ -7,12 +7,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from clockwork_async.executors.arena import NumpyArena
 from clockwork_async.executors.onnxruntime import DEFAULT_BATCH_SIZES, OnnxRuntimeBackend
 from clockwork_async.executors.pages import PageCache
-
-import onnxruntime as ort
 
 MODELS_DIR = Path(__file__).resolve().parents[3] / "shared" / "data" / "models"
 PAGE_BYTES = 1 << 20
