@@ -1,0 +1,396 @@
+"""`clockwork-async serve`: the daemon. Starts, serves, drains; signals, systemd, watchdog.
+
+Start order: executors up and attached -> repository models registered (profiles from the
+on-disk cache, else measured and cached) -> client API listening -> metrics endpoint ->
+systemd ``READY=1`` with ``STATUS=``. Then it serves until SIGTERM/SIGINT: ``STOPPING=1``, new
+requests are answered ``shutting_down``, in-flight ones get up to ``server.drain_timeout_s``,
+the rest are answered ``shutting_down``, the executors stop, and `Daemon.run` returns 0. A
+second signal skips the drain (everything left is answered ``shutting_down`` at once, the
+executors are killed) and it returns 1. SIGHUP rescans the model repository.
+
+Invariants: the lifecycle is explicit (STARTING -> SERVING -> DRAINING -> STOPPED, or
+STARTING -> DRAINING when stopped while starting) with one guarded transition; the daemon waits
+on events, never polls; signal handlers are the daemon's only while it runs, and the previous
+ones are restored when `run` returns; whatever was started is stopped, whatever path `run`
+takes out. `clockwork_async.serve` (the CLI verb) reads the config and the environment and runs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry
+
+from clockwork_async import daemon_setup as setup
+from clockwork_async.api.auth import server_ssl_context
+from clockwork_async.api.server import ApiServer, ServerLimits, auth_from_config
+from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.metrics import Metrics, probe_loop_lag
+from clockwork_async.repository import Repository
+from clockwork_async.runtime.driver import Driver
+from clockwork_async.runtime.executor_link import LinkError
+from clockwork_async.runtime.supervisor import Supervisor, SupervisorError
+from clockwork_async.service_impl import DaemonService
+from clockwork_async.systemd import Notifier
+
+log = logging.getLogger("clockwork_async.daemon")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+FLUSH_MARGIN_S = 1.0  # the API server waits this much past the drain for the last replies
+EXIT_OK, EXIT_FAILED, EXIT_FORCED, EXIT_CONFIG = 0, 1, 1, 2
+
+
+class DaemonState(StrEnum):
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+_TRANSITIONS = {
+    DaemonState.STARTING: {DaemonState.SERVING, DaemonState.DRAINING},
+    DaemonState.SERVING: {DaemonState.DRAINING},
+    DaemonState.DRAINING: {DaemonState.STOPPED},
+    DaemonState.STOPPED: set(),
+}
+
+
+class StartError(RuntimeError):
+    """The daemon could not start: an executor did not come up, or a port was busy."""
+
+
+class Daemon:
+    """One daemon run over a frozen config. Call `run` once, on the loop it will use."""
+
+    def __init__(
+        self,
+        config: DaemonConfig,
+        *,
+        notifier: Notifier | None = None,
+        demo_cache_dir: Path | None = None,
+        out: TextIO | None = None,
+    ) -> None:
+        """``demo_cache_dir``: seed the repository with the demo models (embedded default)."""
+        self.config = config
+        self._notifier = notifier or Notifier({})
+        self._demo_cache_dir = demo_cache_dir
+        self._out = out if out is not None else sys.stdout
+        self._state = DaemonState.STARTING
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+        self._started_s = time.monotonic()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.registry = CollectorRegistry()
+        self.metrics = Metrics(
+            self.registry, instance_label_limit=config.metrics.instance_label_limit
+        )
+        self.driver = Driver(config.controller, runtime=setup.runtime_config(config))
+        self.supervisor: Supervisor | None = None
+        self.service: DaemonService | None = None
+        self.api: ApiServer | None = None
+        self.endpoint: HttpEndpoint | None = None
+        self.api_address = ""
+        self.metrics_address = ""
+
+    @property
+    def state(self) -> DaemonState:
+        return self._state
+
+    def _enter(self, state: DaemonState) -> None:
+        if state not in _TRANSITIONS[self._state]:
+            raise RuntimeError(f"daemon cannot go from {self._state.name} to {state.name}")
+        log.info("daemon %s", state.value)
+        self._state = state
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Start, serve until a stop signal (or `request_stop`), drain and stop. Returns the
+        exit status: 0 after a drain, 1 if the start failed or a second signal forced it."""
+        previous = self._install_signals()
+        status = EXIT_OK
+        try:
+            try:
+                started = await self._start_unless_stopped()
+            except StartError as error:
+                log.error("cannot start: %s", error)
+                started, status = False, EXIT_FAILED
+            if started:
+                await self._stop.wait()
+            await self._shutdown()
+        except BaseException:
+            await self._stop_all()  # a bug or a cancellation: still leave no process behind
+            raise
+        finally:
+            self._restore_signals(previous)
+            self._notifier.close()
+        return EXIT_FORCED if self._force.is_set() else status
+
+    def request_stop(self) -> None:
+        """Begin the drain (as SIGTERM does); a second call skips what is left of it."""
+        if self._stop.is_set() and not self._force.is_set():
+            log.warning("second stop request: stopping now, without waiting for the drain")
+            self._force.set()
+        self._stop.set()
+
+    def request_rescan(self) -> None:
+        """Rescan the model repository (as SIGHUP does); ignored unless serving."""
+        if self._state is DaemonState.SERVING and self.service is not None:
+            self._spawn(self._rescan())
+
+    # --- signals ---------------------------------------------------------------------------------
+
+    def _install_signals(self) -> dict[int, Any]:
+        loop = asyncio.get_running_loop()
+        handlers: dict[signal.Signals, Callable[[], None]] = {
+            signal.SIGHUP: self._on_hup,
+            **{signum: self._on_stop_signal for signum in STOP_SIGNALS},
+        }
+        previous: dict[int, Any] = {signum: signal.getsignal(signum) for signum in handlers}
+        for signum, handler in handlers.items():
+            loop.add_signal_handler(signum, handler)
+        return previous
+
+    def _restore_signals(self, previous: Mapping[int, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        for signum, handler in previous.items():
+            loop.remove_signal_handler(signum)
+            if handler is not None:  # None: installed outside Python, left at the default
+                signal.signal(signum, handler)
+
+    def _on_stop_signal(self) -> None:
+        log.info("stop signal received")
+        self.request_stop()
+
+    def _on_hup(self) -> None:
+        log.info("SIGHUP: rescanning the model repository")
+        self.request_rescan()
+
+    # --- start -----------------------------------------------------------------------------------
+
+    async def _start_unless_stopped(self) -> bool:
+        """Run `_start`; a stop request meanwhile cancels it. Returns whether it started."""
+        start = asyncio.ensure_future(self._start())
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not start.done():
+            log.warning("stopped while starting")
+            start.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StartError):
+                await start
+            return False
+        start.result()  # raises StartError
+        return True
+
+    async def _start(self) -> None:
+        log.info("starting with %s", redacted(self.config))
+        for warning in self.config.warnings():
+            log.warning("config: %s", warning)
+        self._notifier.status("starting executors")
+        await self._start_executors()
+        self._notifier.status("registering models")
+        await self._register_models()
+        await self._start_api()
+        await self._start_metrics()
+        self._enter(DaemonState.SERVING)
+        self._announce()
+
+    async def _start_executors(self) -> None:
+        specs = setup.executor_specs(self.config)
+        try:
+            if specs:
+                self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))
+                await self.supervisor.start()
+                await self.driver.attach_supervised(self.supervisor)
+                self._count_restarts(self.supervisor)
+            for remote in setup.remote_executors(self.config):
+                address = str(remote.address)
+                await self.driver.attach_executor(remote.name, address, token=remote.token)
+        except (SupervisorError, LinkError, OSError) as error:
+            raise StartError(f"executors: {error}") from error
+
+    def _count_restarts(self, supervisor: Supervisor) -> None:
+        reconnect = supervisor.on_ready
+
+        def on_ready(name: str, address: str) -> None:
+            self.metrics.executor_restarted(name)
+            reconnect(name, address)
+
+        supervisor.on_ready = on_ready
+
+    async def _register_models(self) -> None:
+        repository = await asyncio.to_thread(self._open_repository)
+        self.service = DaemonService(
+            self.driver, repository, self.metrics, setup.registration(self.config)
+        )
+        self.service.extra_stats = self._daemon_stats
+        report = await self.service.rescan()
+        if not self.service.served:
+            log.warning("no model registered; add one with `clockwork-async models add`")
+        if report.failed:
+            log.error("models not registered: %s", ", ".join(report.failed))
+
+    def _open_repository(self) -> Repository:
+        repository_config = self.config.repository
+        repository = Repository(repository_config.path, repository_config.max_model_bytes)
+        if self._demo_cache_dir is not None:
+            added = setup.seed_demo_models(repository, self._demo_cache_dir)
+            if added:
+                log.info("demo models added to %s: %s", repository.root, ", ".join(added))
+        return repository
+
+    async def _start_api(self) -> None:
+        assert self.service is not None
+        server = self.config.server
+        api = ApiServer(
+            self.service, limits=ServerLimits.from_config(server), auth=auth_from_config(server)
+        )
+        try:
+            context = None
+            if server.tls_cert_path is not None and server.tls_key_path is not None:
+                context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
+            await api.start(str(server.listen), ssl=context)
+        except OSError as error:  # nothing was accepted: there is nothing to close
+            raise StartError(f"client API on {server.listen}: {error}") from error
+        self.api, self.api_address = api, api.address
+        self.metrics.set_snapshot_source(
+            setup.snapshot_source(self.driver.snapshot, lambda: api.connection_count)
+        )
+
+    async def _start_metrics(self) -> None:
+        self._spawn(probe_loop_lag(self.metrics.observe_loop_lag))
+        if not self.config.metrics.enabled:
+            return
+        self.endpoint = HttpEndpoint(self.registry, self._readiness)
+        listen = self.config.metrics.listen
+        try:
+            host, port = await self.endpoint.start(listen.host, listen.port)
+        except OSError as error:
+            raise StartError(f"metrics endpoint on {listen}: {error}") from error
+        self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+    def _announce(self) -> None:
+        assert self.service is not None
+        models = len(self.service.list_models())
+        executors = len(self.config.executors)
+        metrics = f"http://{self.metrics_address}/metrics" if self.metrics_address else "off"
+        line = f"api={self.api_address} metrics={metrics} models={models} executors={executors}"
+        print(f"clockwork-async serving: {line}", file=self._out, flush=True)
+        self._notifier.ready(f"serving {models} models on {executors} executors at {line}")
+        self._arm_watchdog()
+
+    def _arm_watchdog(self) -> None:
+        interval_s = self._notifier.watchdog_interval_s
+        if interval_s is None or self._state is DaemonState.STOPPED:
+            return  # pings go on while draining: systemd still watches a stopping service
+        self._notifier.watchdog()
+        self._watchdog = asyncio.get_running_loop().call_later(interval_s, self._arm_watchdog)
+
+    # --- serving ---------------------------------------------------------------------------------
+
+    def _readiness(self) -> Readiness:
+        if self.service is None:
+            return Readiness(False, "starting")
+        health = self.service.health()
+        return Readiness(health.ready, health.reason)
+
+    def _daemon_stats(self) -> dict[str, object]:
+        return {
+            "state": self._state.value,
+            "uptime_s": round(time.monotonic() - self._started_s, 3),
+            "api": self.api.snapshot() if self.api is not None else {},
+            "api_address": self.api_address,
+            "metrics_address": self.metrics_address,
+        }
+
+    async def _rescan(self) -> None:
+        assert self.service is not None
+        report = await self.service.rescan()
+        log.info(
+            "rescan: added %s, removed %s, failed %s",
+            list(report.added),
+            list(report.removed),
+            list(report.failed),
+        )
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    # --- stop ------------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        """Drain (bounded; skipped when forced), then stop everything that was started."""
+        self._enter(DaemonState.DRAINING)
+        if self.service is not None:
+            self.service.accepting = False
+        self._notifier.stopping(f"draining {self.driver.snapshot().queue_depth} requests")
+        await self._drain()
+        await self._stop_all()
+        self._enter(DaemonState.STOPPED)
+
+    async def _drain(self) -> None:
+        """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
+        the drain timeout, then answer the rest; the API server flushes their replies."""
+        drain_s = self.config.server.drain_timeout_s
+        closing = None
+        if self.api is not None:
+            closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))
+        await self._until_forced(self.driver.drain(drain_s))
+        if self._force.is_set():
+            await self.driver.close()  # answers everything left, at once
+        if closing is not None:
+            await closing
+
+    async def _until_forced(self, work: Coroutine[Any, Any, None]) -> None:
+        """Await ``work`` unless a second stop request comes first (then cancel it)."""
+        task = asyncio.ensure_future(work)
+        forced = asyncio.ensure_future(self._force.wait())
+        await asyncio.wait({task, forced}, return_when=asyncio.FIRST_COMPLETED)
+        forced.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _stop_all(self) -> None:
+        """Close the API, background tasks, the metrics endpoint, the driver and executors."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self.api is not None:
+            await self.api.close(0.0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.endpoint is not None:
+            await self.endpoint.close()
+        await self.driver.close()
+        if self.supervisor is not None:
+            if self._force.is_set():
+                self._kill_executors(self.supervisor)
+            await self.supervisor.close()
+
+    @staticmethod
+    def _kill_executors(supervisor: Supervisor) -> None:
+        for child in supervisor.children.values():
+            if child.process is not None and child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()

@@ -1,0 +1,87 @@
+"""`Daemon.run` on the test's own event loop: the paths a subprocess cannot show cheaply (a stop
+that arrives while starting, signal handlers put back, the lifecycle's guarded transitions)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from clockwork_async.config import MachineFacts, load_config
+from clockwork_async.daemon import Daemon, DaemonState
+
+from .harness import add_tiny, children
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def sim_daemon(folder: Path) -> Daemon:
+    overrides = {
+        "server.listen": "127.0.0.1:0",
+        "metrics.listen": "127.0.0.1:0",
+        "repository.path": str(folder / "models"),
+        "repository.profile_cache_dir": str(folder / "profiles"),
+        "executors": '[{backend = "simulated", page_bytes = 1048576, weights_bytes = 16777216}]',
+    }
+    machine = MachineFacts(tuple(sorted(os.sched_getaffinity(0))), 1 << 30)
+    config = load_config(None, {}, overrides, machine=machine)
+    return Daemon(config, out=io.StringIO())
+
+
+async def test_a_stop_while_starting_stops_cleanly_and_restores_signal_handlers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_tiny(tmp_path / "models")
+    daemon = sim_daemon(tmp_path)
+    before = {signum: signal.getsignal(signum) for signum in HANDLED_SIGNALS}
+    run = asyncio.ensure_future(daemon.run())
+    while daemon.supervisor is None:  # its executor is being started
+        await asyncio.sleep(0.005)
+    assert daemon.state is DaemonState.STARTING
+    daemon.request_stop()
+    assert await run == 0
+    assert state_of(daemon) is DaemonState.STOPPED
+    assert "stopped while starting" in caplog.text
+    assert {signum: signal.getsignal(signum) for signum in before} == before
+    await no_children_within(5.0)
+
+
+async def no_children_within(timeout_s: float) -> None:
+    """Wait until this process has no live child. A stop that cancels the executor's spawn
+    inside ``create_subprocess_exec`` leaves the process to uvloop, which kills it a moment
+    later (the supervisor never learnt its pid)."""
+    deadline = time.monotonic() + timeout_s
+    while children(os.getpid()):
+        assert time.monotonic() < deadline, f"children left: {children(os.getpid())}"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_served_daemon_stops_on_request_and_reports_its_addresses(tmp_path: Path) -> None:
+    add_tiny(tmp_path / "models")
+    daemon = sim_daemon(tmp_path)
+    run = asyncio.ensure_future(daemon.run())
+    while daemon.state is DaemonState.STARTING and not run.done():
+        await asyncio.sleep(0.05)
+    assert daemon.state is DaemonState.SERVING, await run
+    assert daemon.api_address.startswith("127.0.0.1:")
+    assert daemon.service is not None and set(daemon.service.served) == {"tiny"}
+    daemon.request_stop()
+    assert await run == 0
+    assert state_of(daemon) is DaemonState.STOPPED
+    assert not children(os.getpid())
+
+
+def test_impossible_transitions_raise(tmp_path: Path) -> None:
+    daemon = sim_daemon(tmp_path)
+    with pytest.raises(RuntimeError, match="STARTING to STOPPED"):
+        daemon._enter(DaemonState.STOPPED)
+
+
+def state_of(daemon: Daemon) -> DaemonState:
+    """The daemon's state now (a call, so type checkers do not narrow it across awaits)."""
+    return daemon.state
