@@ -45,6 +45,7 @@ if [[ -f benchmarks/controller.py ]]; then
 fi
 run overhead benchmarks.overhead $mode --json results/overhead.json
 run cpu_serving benchmarks.cpu_serving $mode --json results/cpu_serving.json
+run faults benchmarks.faults $mode --json results/faults.json
 
 echo "run_all finished $(date -Is); failed: ${failed[*]:-none}" | tee -a "$summary"
 [[ ${#failed[@]} -eq 0 ]]
