@@ -46,6 +46,9 @@ fi
 run overhead benchmarks.overhead $mode --json results/overhead.json
 run cpu_serving benchmarks.cpu_serving $mode --json results/cpu_serving.json
 run faults benchmarks.faults $mode --json results/faults.json
+run fuzz_api benchmarks.fuzz_api $mode
+run overload benchmarks.overload $mode
+run soak benchmarks.soak $mode
 
 echo "run_all finished $(date -Is); failed: ${failed[*]:-none}" | tee -a "$summary"
 [[ ${#failed[@]} -eq 0 ]]
