@@ -5,8 +5,10 @@ for a random multiple of the prediction, refusing what cannot start by its lates
 clients (arrivals, cancellations) and the operator (models and executors come and go), and
 checks after every step: every request answered at most once (exactly once after draining);
 never `ok` after its deadline; an INFER only for a model loaded on that executor; a LOAD only
-for a model neither loaded nor loading there; never more pages than the executor has; the
-planned windows of an executor's outstanding INFERs never overlap.
+for a model neither loaded nor loading there; never more pages than the executor has (pages
+held for reserved LOADs included); the planned windows of an executor's outstanding INFERs
+never overlap; the admission ledger's booked work is never negative, and none is left (nor
+any reserved LOAD) once nothing is queued.
 """
 
 from __future__ import annotations
@@ -303,7 +305,18 @@ class ControllerMachine(RuleBasedStateMachine):
             held = executor.loaded | set(executor.loading.values())
             used = sum(POOL[name][0] for name in held)
             assert used <= executor.pages_total, (executor_id, held)
-            assert self.ctl.executor(executor_id).pages_used == used
+            stats = self.ctl.executor(executor_id)
+            assert stats.pages_used - stats.reserved_pages == used  # held for reserved LOADs
+            assert stats.pages_used <= executor.pages_total
+
+    @invariant()
+    def booked_work_leaves_with_the_queue(self) -> None:
+        queued = self.ctl.queue_depth()
+        for executor_id in self.executors:
+            stats = self.ctl.executor(executor_id)
+            assert stats.booked_ns >= 0 and stats.reserved_loads >= 0
+            if not queued:
+                assert (stats.booked_ns, stats.reserved_loads) == (0, 0), executor_id
 
     @invariant()
     def lanes_hold_one_action_at_a_time(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .errors import InvalidEvent
 from .events import RequestArrived, RequestCancelled
+from .ledger import book
 from .models import ModelState, RequestState
 from .outcomes import Outcome
 from .state import CoreState
@@ -32,15 +33,18 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
         message = f"model {event.model!r} is not registered"
         core.reject(event.request_id, Outcome.UNKNOWN_MODEL, message)
         return
-    rejection = core.policy.admit(core, model, event.deadline_ns)
-    if rejection is not None:
-        core.reject(event.request_id, rejection[0], rejection[1])
+    model.note_arrival(core.now_ns, core.config.utilisation_window_ns)
+    verdict = core.policy.admit(core, model, event.deadline_ns)
+    if isinstance(verdict, tuple):
+        core.reject(event.request_id, verdict[0], verdict[1])
         return
     internal_ns, key_ns = core.policy.plan_keys(core, model, event.deadline_ns)
     request = RequestState(
         event.request_id, model, core.now_ns, event.deadline_ns, internal_ns, key_ns
     )
     core.requests[event.request_id] = request
+    if verdict is not None:
+        book(core, request, verdict)
     core.enqueue(request)
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from .errors import InvalidEvent
 from .events import ExecutorJoined, ExecutorLeft, ModelRegistered, ModelUnregistered
+from .eviction import forget_if_gone, send_unload
+from .ledger import release, unbook
 from .models import ModelState, validate_spec
 from .outcomes import Outcome
-from .placement import forget_if_gone, send_unload
 from .queues import RequestStatus
 from .results import replan_or_end
 from .state import CoreState
@@ -63,7 +64,12 @@ def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:
         del core.kinds[executor.kind]
     core.free_load_slots -= core.config.max_loads_in_flight - len(executor.loading)
     core.to_fill.pop(executor.executor_id, None)
+    core.reserving.pop(executor.executor_id, None)
     touched = _forget_copies(core, executor)
+    for model in list(executor.reserved.values()):
+        release(model)
+        touched.append(model)
+    _rebook_queued(core, executor, touched)
     for action_id in [a for a, (e, _) in core.unloads.items() if e == executor.executor_id]:
         del core.unloads[action_id]
     why = f"executor {executor.executor_id!r} left ({event.reason})"
@@ -77,6 +83,16 @@ def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:
     for model in touched:
         core.mark_cold(model)
         forget_if_gone(core, model.name)
+
+
+def _rebook_queued(core: CoreState, executor: ExecutorState, models: list[ModelState]) -> None:
+    """Book again, elsewhere, the queued requests of ``models`` booked on a departed
+    executor (only models it held or had reserved can have them)."""
+    for model in models:
+        for request in model.queue.first_live(model.queued):
+            if request.planned_on is executor:
+                unbook(request)
+                core.policy.rebook(core, request)
 
 
 def _forget_copies(core: CoreState, executor: ExecutorState) -> list[ModelState]:

@@ -9,10 +9,16 @@ sorted list on ``key_ns`` (the policy's order: deadline or arrival; see queues.p
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 from .errors import ControllerError, InvalidEvent
 from .events import ModelSpec
 from .profiles import KindPredictions
 from .queues import RequestQueue, RequestStatus
+
+if TYPE_CHECKING:
+    from .tracker import BookedBatch, ExecutorState
 
 _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
     RequestStatus.QUEUED: frozenset({RequestStatus.RUNNING, RequestStatus.DONE}),
@@ -28,10 +34,12 @@ class RequestState:
     __slots__ = (
         "action_id",
         "arrival_ns",
+        "booked_batch",
         "deadline_ns",
         "internal_deadline_ns",
         "key_ns",
         "model",
+        "planned_on",
         "request_id",
         "status",
     )
@@ -53,6 +61,10 @@ class RequestState:
         self.key_ns = key_ns
         self.status = RequestStatus.QUEUED
         self.action_id: int | None = None
+        # Admission ledger (ledger.py): the executor and the batch this queued request is
+        # booked in.
+        self.planned_on: ExecutorState | None = None
+        self.booked_batch: BookedBatch | None = None
 
     def move(self, new: RequestStatus) -> None:
         """Transition to ``new``. Raises ControllerError on a transition that cannot happen."""
@@ -69,11 +81,17 @@ class ModelState:
     __slots__ = (
         "_pad_to",
         "by_kind",
+        "demand",
+        "demand_at_ns",
         "loaded_on",
         "loading_on",
         "name",
         "queue",
         "queued",
+        "reserved_load_ns",
+        "reserved_on",
+        "reserved_pages",
+        "reserved_ready_ns",
         "retired",
         "spec",
         "version",
@@ -88,6 +106,13 @@ class ModelState:
         self.loaded_on: dict[str, None] = {}  # holding a loaded copy
         self.loading_on: dict[str, None] = {}  # with a LOAD outstanding
         self.retired = False  # unregistered; copies unload once idle
+        self.demand = 0.0  # arrivals (accepted or not), decayed (see note_arrival)
+        self.demand_at_ns = 0
+        # A LOAD promised to accepted requests while the model has no copy (ledger.py).
+        self.reserved_on: ExecutorState | None = None
+        self.reserved_ready_ns = 0  # when that LOAD was predicted to end
+        self.reserved_load_ns = 0  # its predicted duration, booked on the executor
+        self.reserved_pages = 0  # pages held for it there (counted as used) until it starts
         self.spec = spec
         self.by_kind: dict[str, KindPredictions] = {}  # cache of Predictions.get per kind
         self._pad_to: list[int] = []
@@ -107,6 +132,18 @@ class ModelState:
     def padded_batch(self, count: int) -> int:
         """Return the smallest supported batch size >= ``count`` (1 <= count <= max_batch)."""
         return self._pad_to[count]
+
+    def note_arrival(self, now_ns: int, window_ns: int) -> None:
+        """Count an arrival in the decayed demand (time constant ``window_ns``)."""
+        self.demand = self.demand_now(now_ns, window_ns) + 1.0
+        self.demand_at_ns = now_ns
+
+    def demand_now(self, now_ns: int, window_ns: int) -> float:
+        """Return the arrivals of the last ``window_ns`` or so, exponentially decayed."""
+        elapsed_ns = now_ns - self.demand_at_ns
+        if elapsed_ns <= 0 or not self.demand:
+            return self.demand
+        return self.demand * math.exp(-elapsed_ns / window_ns)
 
     def has_copy(self) -> bool:
         return bool(self.loaded_on or self.loading_on)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import heapq
 
-from .events import StartLoad, StartUnload
+from .events import StartLoad
+from .eviction import choose_victims, send_unload
+from .ledger import release
 from .models import ModelState
 from .state import CoreState
 from .tracker import Action, ActionKind, ExecutorState
@@ -22,14 +24,55 @@ COPY_RETRY_NS = 10_000_000  # after no executor could take an extra copy, wait t
 
 
 def place(core: CoreState) -> None:
-    """Start the LOADs (and the evictions they need) that demand calls for now."""
+    """Start the LOADs (and the evictions they need) that demand calls for now: reserved
+    LOADs first (accepted requests wait for them), then other cold models, extra copies, and
+    models wanted by rejected requests."""
     core.placement_dirty = False
     if core.free_load_slots <= 0:
         return
+    if core.reserving:
+        _place_reserved(core)
     if core.cold:
         _place_cold(core)
     if core.wants_copy:
         _place_copies(core)
+    if core.demand:
+        _place_demand(core)
+
+
+def _place_reserved(core: CoreState) -> None:
+    """Start reserved LOADs, in reservation order, where they were reserved."""
+    max_loads = core.config.max_loads_in_flight
+    for executor_id, executor in list(core.reserving.items()):
+        reserved = executor.reserved
+        while reserved and len(executor.loading) < max_loads:
+            model = next(iter(reserved.values()))
+            release(model)  # its held pages are free again, for its LOAD
+            if model.has_copy() or model.retired or not model.queued:
+                continue
+            victims = choose_victims(core, executor, model.spec.weights_pages, demanded_too=True)
+            if victims is None:  # cannot happen while the pages were held; be safe
+                core.mark_cold(model)
+                continue
+            start_load(core, executor, model, victims)
+        if not reserved:
+            del core.reserving[executor_id]
+
+
+def _place_demand(core: CoreState) -> None:
+    """Load models wanted by rejected requests, oldest first, on load lanes that have
+    nothing promised to do (no reservation, fewer LOADs out than the cap less one)."""
+    demand = core.demand
+    while demand and core.free_load_slots > 0:
+        name, model = next(iter(demand.items()))
+        if model.has_copy() or model.reserved_on is not None or core.models.get(name) is not model:
+            del demand[name]
+            continue
+        choice = _choose_for_demand(core, model)
+        if choice is None:
+            return
+        del demand[name]
+        start_load(core, choice[0], model, choice[1])
 
 
 def _place_cold(core: CoreState) -> None:
@@ -40,6 +83,9 @@ def _place_cold(core: CoreState) -> None:
     for model in ranked:
         if core.free_load_slots <= 0:
             return
+        if model.reserved_on is not None:
+            del core.cold[model.name]  # placed by its reservation
+            continue
         choice = _choose_for_cold(core, model)
         if choice is not None:
             start_load(core, choice[0], model, choice[1])
@@ -70,22 +116,30 @@ def _place_copies(core: CoreState) -> None:
         start_load(core, choice[0], model, choice[1])
 
 
-def _can_load(core: CoreState, executor: ExecutorState, model: ModelState) -> bool:
+def _can_load(
+    core: CoreState, executor: ExecutorState, model: ModelState, max_loads: int | None = None
+) -> bool:
+    """Return True when ``executor`` may start a LOAD of ``model`` that nobody reserved: a
+    free load slot, no reserved LOAD waiting there, pages enough (once others are evicted)."""
+    limit = core.config.max_loads_in_flight if max_loads is None else max_loads
     return (
-        len(executor.loading) < core.config.max_loads_in_flight
+        len(executor.loading) < limit
+        and not executor.reserved
         and executor.pages_total >= model.spec.weights_pages
         and not executor.holds(model.name)
     )
 
 
-def _choose_for_cold(core: CoreState, model: ModelState) -> tuple[ExecutorState, list[str]] | None:
+def _choose_for_cold(
+    core: CoreState, model: ModelState, demanded_too: bool = True, max_loads: int | None = None
+) -> tuple[ExecutorState, list[str]] | None:
     """Return (executor, evictions) where the first batch would end soonest, or None."""
     now_ns = core.now_ns
     b1 = model.spec.batch_sizes[0]
     window_ns = core.config.utilisation_window_ns
     ranked: list[tuple[int, float, str, ExecutorState]] = []
     for executor in core.executors.values():
-        if not _can_load(core, executor, model):
+        if not _can_load(core, executor, model, max_loads):
             continue
         predictions = core.predict(model, executor)
         ready_ns = executor.load_lane.start_for(now_ns) + predictions.load_ns
@@ -93,10 +147,19 @@ def _choose_for_cold(core: CoreState, model: ModelState) -> tuple[ExecutorState,
         busy = executor.utilisation(now_ns, window_ns)
         ranked.append((end_ns, busy, executor.executor_id, executor))
     for *_, executor in sorted(ranked):
-        victims = choose_victims(core, executor, model.spec.weights_pages, demanded_too=True)
+        victims = choose_victims(core, executor, model.spec.weights_pages, demanded_too, model)
         if victims is not None:
             return executor, victims
     return None
+
+
+def _choose_for_demand(
+    core: CoreState, model: ModelState
+) -> tuple[ExecutorState, list[str]] | None:
+    """Like a cold model, but only where a load lane has a slot to spare and only evicting
+    models nobody waits for."""
+    spare = max(1, core.config.max_loads_in_flight - 1)
+    return _choose_for_cold(core, model, demanded_too=False, max_loads=spare)
 
 
 def _choose_for_copy(core: CoreState, model: ModelState) -> tuple[ExecutorState, list[str]] | None:
@@ -109,43 +172,10 @@ def _choose_for_copy(core: CoreState, model: ModelState) -> tuple[ExecutorState,
         if busy < config.copy_max_utilisation and _can_load(core, executor, model):
             ranked.append((busy, executor.executor_id, executor))
     for *_, executor in sorted(ranked):
-        victims = choose_victims(core, executor, model.spec.weights_pages, demanded_too=False)
+        victims = choose_victims(core, executor, model.spec.weights_pages, False, model)
         if victims is not None:
             return executor, victims
     return None
-
-
-def choose_victims(
-    core: CoreState, executor: ExecutorState, need_pages: int, demanded_too: bool
-) -> list[str] | None:
-    """Return the models to evict from ``executor`` to free ``need_pages`` (maybe none), or
-    None when it cannot be done. Models with no queued requests go first, then (if
-    ``demanded_too``) models with queued requests and another copy; least recently used first
-    within each; never a model with an outstanding INFER here."""
-    free_pages = executor.pages_free
-    if free_pages >= need_pages:
-        return []
-    victims: list[str] = []
-    tiers = (_idle_model, _spare_copy) if demanded_too else (_idle_model,)
-    for tier in tiers:
-        for name, pages in executor.loaded.items():
-            if name in victims or executor.is_busy_with(name) or not tier(core, name):
-                continue
-            victims.append(name)
-            free_pages += pages
-            if free_pages >= need_pages:
-                return victims
-    return None
-
-
-def _idle_model(core: CoreState, name: str) -> bool:
-    model = core.models.get(name)
-    return model is None or model.queued == 0
-
-
-def _spare_copy(core: CoreState, name: str) -> bool:
-    model = core.models.get(name)
-    return model is not None and len(model.loaded_on) + len(model.loading_on) > 1
 
 
 def start_load(
@@ -154,6 +184,7 @@ def start_load(
     """Evict ``victims`` and send a LOAD of ``model`` to ``executor``."""
     for name in victims:
         send_unload(core, executor, name, eviction=True)
+    release(model)
     if not model.has_copy():
         core.counters["cold_starts"] += 1
     predictions = core.predict(model, executor)
@@ -179,26 +210,3 @@ def start_load(
     core.out.append(
         StartLoad(executor.executor_id, action.action_id, model.name, earliest_ns, action.latest_ns)
     )
-
-
-def send_unload(core: CoreState, executor: ExecutorState, name: str, eviction: bool) -> None:
-    """Forget the copy of ``name`` on ``executor`` (if tracked) and send an UNLOAD."""
-    pages = executor.loaded.pop(name, 0)
-    executor.pages_used -= pages
-    model = core.models.get(name) or core.retiring.get(name)
-    if model is not None:
-        model.loaded_on.pop(executor.executor_id, None)
-        forget_if_gone(core, name)
-    action_id = core.new_action_id()
-    core.unloads[action_id] = (executor.executor_id, name)
-    core.counters["unloads"] += 1
-    core.counters["evictions"] += eviction
-    core.out.append(StartUnload(executor.executor_id, action_id, name))
-
-
-def forget_if_gone(core: CoreState, name: str) -> None:
-    """Forget an unregistered model once its last copy is gone."""
-    model = core.retiring.get(name)
-    if model is not None and not model.has_copy():
-        del core.retiring[name]
-        core.predictions.forget(name)

@@ -13,21 +13,28 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from .admission import FAR_FUTURE_NS, can_meet, cap_rejection, copies_can_meet, still_servable
+from .admission import cap_rejection, copies_can_meet, still_servable
+from .batching import (
+    Batch,
+    batch_from,
+    count_keeping_promises,
+    fitting_count,
+    fuller_batch,
+    head_first_loses,
+    take_fifo_batch,
+)
+from .ledger import (
+    Quote,
+    best_quote,
+    book,
+    dispatch_fits,
+    note_demand,
+    waits_for_load_before,
+)
 from .models import ModelState, RequestState
 from .outcomes import Outcome
 from .state import CoreState
 from .tracker import ExecutorState
-
-
-@dataclass(slots=True)
-class Batch:
-    """Run ``requests`` (in queue order) as one INFER of ``batch_size`` rows."""
-
-    requests: list[RequestState]
-    batch_size: int
-    predicted_ns: int
-    latest_ns: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +50,7 @@ class NoBatch(Enum):
 
 
 Plan = Batch | Defer | NoBatch
+Rejection = tuple[Outcome, str]
 
 
 class Policy(Protocol):
@@ -51,8 +59,14 @@ class Policy(Protocol):
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
-    ) -> tuple[Outcome, str] | None:
-        """Return a rejection (outcome, sentence), or None to accept."""
+    ) -> Rejection | Quote | None:
+        """Return a rejection (outcome, sentence), or accept: a Quote to book the request
+        with (ledger.py), or None (the policy keeps no ledger)."""
+        ...
+
+    def rebook(self, core: CoreState, request: RequestState) -> None:
+        """Book a request that goes back to its queue (its action failed), if the policy
+        keeps a ledger."""
         ...
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
@@ -96,22 +110,30 @@ class ClockworkPolicy:
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
-    ) -> tuple[Outcome, str] | None:
+    ) -> Rejection | Quote | None:
         capped = cap_rejection(core, model)
         if capped is not None:
             return capped
-        internal_ns, _ = self.plan_keys(core, model, deadline_ns)
         if not core.executors:
             return Outcome.INFEASIBLE, "no executor is connected"
-        if can_meet(core, model, internal_ns):
-            return None
+        internal_ns, _ = self.plan_keys(core, model, deadline_ns)
+        quote = best_quote(core, model, internal_ns)
+        if quote is not None and quote.finish_ns <= internal_ns:
+            return quote
         if model.has_copy():
             core.note_pressure(model)
+        elif model.reserved_on is None:
+            note_demand(core, model)
         slo_ms = (deadline_ns - core.now_ns) / 1e6
         return Outcome.INFEASIBLE, (
             f"no executor can finish {model.name!r} within its {slo_ms:.2f} ms SLO "
-            "(including a cold start)"
+            "after the work already queued (including a cold start)"
         )
+
+    def rebook(self, core: CoreState, request: RequestState) -> None:
+        quote = best_quote(core, request.model, request.internal_deadline_ns)
+        if quote is not None:
+            book(core, request, quote)
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
         internal_ns = deadline_ns - core.config.margin_ns(deadline_ns - core.now_ns)
@@ -142,14 +164,22 @@ class ClockworkPolicy:
         head = self._first_servable(core, executor, model, start_ns, exec_ns)
         if isinstance(head, NoBatch):
             return head
-        head_count = _fitting_count(model, exec_ns, head.internal_deadline_ns - start_ns)
+        head_count = fitting_count(model, exec_ns, head.internal_deadline_ns - start_ns)
         head_count = min(head_count, model.queued)
         head_exec_ns = exec_ns[model.padded_batch(head_count)]
-        if head_count < min(model.max_batch, model.queued):
-            fuller = _fuller_batch(model, exec_ns, start_ns, head_count, head_exec_ns)
+        if head_count < min(model.max_batch, model.queued) and head_first_loses(
+            model, exec_ns, start_ns + head_exec_ns, head_count
+        ):
+            fuller = fuller_batch(model, exec_ns, start_ns, head_count, head_exec_ns)
             if fuller is not None:
                 return fuller
-        return _batch_from(model, exec_ns, 0, head_count, head.internal_deadline_ns)
+        count = count_keeping_promises(core, executor, model, exec_ns, start_ns, head_count)
+        if executor.loading:
+            cost_ns = exec_ns[model.padded_batch(count)]
+            wait = _wait_for_load(core, executor, model, head, start_ns, count, cost_ns)
+            if wait is not None:
+                return wait
+        return batch_from(model, exec_ns, 0, count, head.internal_deadline_ns)
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
@@ -197,7 +227,10 @@ class FifoPolicy:
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
-    ) -> tuple[Outcome, str] | None:
+    ) -> Rejection | Quote | None:
+        return None
+
+    def rebook(self, core: CoreState, request: RequestState) -> None:
         return None
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
@@ -217,7 +250,7 @@ class FifoPolicy:
     ) -> Plan:
         if model.peek() is None:
             return NoBatch.EMPTY
-        return _take_fifo_batch(core, executor, model)
+        return take_fifo_batch(core, executor, model)
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
@@ -237,7 +270,7 @@ class TimeoutPolicy(FifoPolicy):
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
-    ) -> tuple[Outcome, str] | None:
+    ) -> Rejection | Quote | None:
         return cap_rejection(core, model)
 
     def drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
@@ -256,71 +289,30 @@ class TimeoutPolicy(FifoPolicy):
         ready_ns = head.arrival_ns + core.config.max_queue_delay_ns
         if model.queued < model.max_batch and core.now_ns < ready_ns:
             return Defer(ready_ns)
-        return _take_fifo_batch(core, executor, model)
+        return take_fifo_batch(core, executor, model)
 
 
-def _fitting_count(model: ModelState, exec_ns: dict[int, int], budget_ns: int) -> int:
-    """Return the largest supported batch size whose execution fits ``budget_ns`` (or 0)."""
-    fitting = 0
-    for size in model.spec.batch_sizes:
-        if exec_ns[size] > budget_ns:
-            break
-        fitting = size
-    return fitting
-
-
-def _batch_from(
-    model: ModelState, exec_ns: dict[int, int], position: int, count: int, deadline_ns: int
-) -> Batch:
-    """Take up to ``count`` requests from ``position`` as one padded batch."""
-    requests = model.take(count, position)
-    padded = model.padded_batch(len(requests))
-    return Batch(requests, padded, exec_ns[padded], deadline_ns - exec_ns[padded])
-
-
-def _fuller_batch(
+def _wait_for_load(
+    core: CoreState,
+    executor: ExecutorState,
     model: ModelState,
-    exec_ns: dict[int, int],
+    head: RequestState,
     start_ns: int,
-    head_count: int,
-    head_exec_ns: int,
-) -> Batch | None:
-    """Return a batch of more than ``head_count`` requests that skips the most urgent ones,
-    when serving the head's batch first would make it miss; else None (head first).
-
-    For each batch size b, largest first, the candidate is the b requests from the first whose
-    deadline allows a batch of b to start now. The first candidate larger than the head's
-    batch decides: if it could still start after the head's batch, the head goes first (no
-    loss); otherwise the larger batch goes now and the skipped requests are left to other
-    copies or dropped (under overload this keeps batches, hence goodput, at their largest).
-    """
-    queue = model.queue
-    for size in reversed(model.spec.batch_sizes):
-        if size <= head_count:
-            return None
-        position = queue.position_at_least(start_ns + exec_ns[size])
-        first = queue.first_from(position)
-        if first is None:
-            continue
-        count = min(size, _live_count_from(model, position, size))
-        if count <= head_count:
-            continue
-        latest_ns = first.internal_deadline_ns - exec_ns[model.padded_batch(count)]
-        if latest_ns >= start_ns + head_exec_ns:
-            return None
-        return _batch_from(model, exec_ns, position, count, first.internal_deadline_ns)
-    return None
-
-
-def _live_count_from(model: ModelState, position: int, limit: int) -> int:
-    return model.queue.count_from(position, limit)
-
-
-def _take_fifo_batch(core: CoreState, executor: ExecutorState, model: ModelState) -> Batch:
-    count = min(model.queued, model.max_batch)
-    padded = model.padded_batch(count)
-    predicted_ns = core.predict(model, executor).exec_ns[padded]
-    return Batch(model.take(count), padded, predicted_ns, FAR_FUTURE_NS)
+    count: int,
+    cost_ns: int,
+) -> Defer | NoBatch | None:
+    """When work booked on ``executor`` before the head's own batch waits for a LOAD there
+    and running this batch (``count`` requests, ``cost_ns``) in the gap would push that work
+    past its deadline, return how to wait: until the LOAD's predicted end, or, past it, for
+    its result (which brings a fill). Else None: the batch goes."""
+    if head.planned_on is not executor:
+        return None
+    load_end_ns = waits_for_load_before(executor, head.booked_batch)
+    if load_end_ns is None:
+        return None
+    if dispatch_fits(core, executor, model.queue.first_live(count), start_ns, cost_ns):
+        return None
+    return Defer(load_end_ns) if load_end_ns > core.now_ns else NoBatch.SKIP
 
 
 def _nudge(core: CoreState, executor: ExecutorState) -> None:

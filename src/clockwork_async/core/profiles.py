@@ -41,7 +41,15 @@ class KindPredictions:
     """Predictions for one model on one executor kind. ``exec_ns[b]`` and ``load_ns`` are the
     current predictions (read on every scheduling decision, so kept as plain values)."""
 
-    __slots__ = ("_exec_windows", "_load_window", "exec_ns", "kind", "load_ns", "seed_kind")
+    __slots__ = (
+        "_exec_windows",
+        "_load_window",
+        "exec_ns",
+        "kind",
+        "load_ns",
+        "seed_kind",
+        "targets",
+    )
 
     def __init__(
         self, profile: ModelProfile, kind: str, seed_kind: str, size: int, percentile: float
@@ -54,6 +62,7 @@ class KindPredictions:
         self._load_window = SlidingWindow(size, percentile, profile.load_ns)
         self.exec_ns: dict[int, int] = dict(profile.execute_ns)
         self.load_ns = profile.load_ns
+        self.targets: dict[int, int] = {}  # a cache for the admission ledger (ledger.py)
 
     def record_execute(self, batch_size: int, measured_ns: int) -> int:
         """Add a measured execute duration; return the error (measured - predicted before)."""
@@ -62,7 +71,9 @@ class KindPredictions:
             return 0
         error_ns = measured_ns - window.value_ns
         window.add(measured_ns)
-        self.exec_ns[batch_size] = window.value_ns
+        if self.exec_ns[batch_size] != window.value_ns:
+            self.exec_ns[batch_size] = window.value_ns
+            self.targets.clear()
         return error_ns
 
     def record_load(self, measured_ns: int) -> int:

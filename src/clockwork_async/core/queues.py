@@ -65,6 +65,10 @@ class RequestQueue:
             self._head = head = 0
         return requests[head] if head < len(requests) else None
 
+    def last_key_ns(self) -> int | None:
+        """Return the largest key queued (perhaps of a request answered since), or None."""
+        return self._keys[-1] if len(self._keys) > self._head else None
+
     def position_at_least(self, key_ns: int) -> int:
         """Return the position of the first entry whose key is >= ``key_ns``."""
         return bisect_left(self._keys, key_ns, lo=self._head)
@@ -75,6 +79,28 @@ class RequestQueue:
         for index in range(max(position, self._head), len(requests)):
             if self._live(requests[index]):
                 return requests[index]
+        return None
+
+    def first_live(self, count: int) -> list[RequestState]:
+        """Return the first ``count`` live requests in key order (the queue is unchanged)."""
+        requests = self._requests
+        found: list[RequestState] = []
+        for position in range(self._head, len(requests)):
+            if len(found) >= count:
+                break
+            if self._live(requests[position]):
+                found.append(requests[position])
+        return found
+
+    def nth_live(self, index: int) -> RequestState | None:
+        """Return the live request at ``index`` (0: the head) in key order, or None."""
+        requests = self._requests
+        seen = 0
+        for position in range(self._head, len(requests)):
+            if self._live(requests[position]):
+                if seen == index:
+                    return requests[position]
+                seen += 1
         return None
 
     def count_from(self, position: int, limit: int) -> int:

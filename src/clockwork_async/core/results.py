@@ -11,9 +11,9 @@ executor refused in time, ``failed`` on any other error.
 from __future__ import annotations
 
 from .events import ActionFinished
+from .eviction import forget_if_gone, send_unload
 from .models import RequestState
 from .outcomes import Outcome
-from .placement import forget_if_gone, send_unload
 from .queues import RequestStatus
 from .state import CoreState
 from .tracker import Action, ActionKind, ExecutorState
@@ -64,7 +64,7 @@ def _infer_finished(
     if model.retired and model.name in executor.loaded and not executor.is_busy_with(model.name):
         send_unload(core, executor, model.name, eviction=False)
     core.to_fill[executor.executor_id] = executor
-    if core.cold:
+    if core.cold or core.reserving or core.demand:
         core.placement_dirty = True  # the model may be evictable now
 
 
@@ -139,6 +139,7 @@ def _load_finished(
     model.loading_on.pop(executor.executor_id, None)
     core.free_load_slots += 1
     core.placement_dirty = True
+    core.to_fill[executor.executor_id] = executor  # work may have waited for this LOAD
     if event.code and event.code != ALREADY_LOADED:
         executor.pages_used -= action.pages
         core.counters["load_failures"] += 1
@@ -153,4 +154,3 @@ def _load_finished(
         send_unload(core, executor, model.name, eviction=False)
         return
     core.push_head(executor, model)
-    core.to_fill[executor.executor_id] = executor

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import heapq
 
+from .batching import Batch
 from .events import StartInfer, WakeAt
+from .ledger import unbook_dispatched
 from .models import ModelState
 from .outcomes import Outcome
-from .policies import Batch, Defer, NoBatch
+from .policies import Defer, NoBatch
 from .queues import RequestStatus
 from .state import CoreState
 from .tracker import Action, ActionKind, ExecutorState
@@ -142,6 +144,7 @@ def dispatch(
     executor.actions[action.action_id] = action
     core.actions[action.action_id] = action
     executor.add_infer(model.name)
+    unbook_dispatched(core, executor, batch.requests, start_ns, batch.predicted_ns)
     for request in batch.requests:
         request.move(RequestStatus.RUNNING)
         request.action_id = action.action_id

@@ -9,11 +9,13 @@ order the runtime must perform them (an UNLOAD before the LOAD that needs its pa
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from .config import ControllerConfig
 from .events import Command, Reply
+from .ledger import release, unbook
 from .models import ModelState, RequestState
 from .outcomes import Outcome
 from .profiles import KindPredictions, Predictions
@@ -68,6 +70,8 @@ class CoreState:
         self.to_fill: dict[str, ExecutorState] = {}
         self.cold: dict[str, ModelState] = {}  # queued requests, no copy anywhere
         self.wants_copy: dict[str, ModelState] = {}  # copies could not keep up
+        self.reserving: dict[str, ExecutorState] = {}  # executors with reserved LOADs
+        self.demand: OrderedDict[str, ModelState] = OrderedDict()  # rejected, loaded nowhere
         self.placement_dirty = False
         self.copies_blocked_until_ns = 0  # no executor had room for a copy: wait a little
         self.shutting_down = False
@@ -126,8 +130,12 @@ class CoreState:
     ) -> None:
         """Answer an accepted request (QUEUED or RUNNING) and forget it."""
         if request.status is RequestStatus.QUEUED:
-            request.model.queued -= 1
+            model = request.model
+            model.queued -= 1
             self.queued_total -= 1
+            unbook(request)
+            if not model.queued and model.reserved_on is not None:
+                release(model)  # nobody waits for its LOAD any more
         elif request.status is RequestStatus.RUNNING:
             self.running_total -= 1
         request.move(RequestStatus.DONE)
@@ -168,6 +176,7 @@ class CoreState:
         request.action_id = None
         self.running_total -= 1
         self.counters["replans"] += 1
+        self.policy.rebook(self, request)
         self.enqueue(request)
 
     def push_heads(self, model: ModelState) -> None:
@@ -202,7 +211,7 @@ class CoreState:
 
     def mark_cold(self, model: ModelState) -> None:
         """Ask placement for a first copy of ``model`` if it has queued requests and none."""
-        if model.name in self.cold:
+        if model.name in self.cold or model.reserved_on is not None:
             return
         if model.queued and not model.has_copy() and not model.retired:
             self.cold[model.name] = model

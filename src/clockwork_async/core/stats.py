@@ -22,6 +22,9 @@ class ExecutorStats:
     loading: tuple[str, ...]
     outstanding_actions: int
     exec_free_at_ns: int  # predicted end of committed execute work
+    booked_ns: int  # execute time the admission ledger booked for queued requests here
+    reserved_loads: int  # LOADs promised to accepted requests, not started yet
+    reserved_pages: int  # pages held for them (included in pages_used)
     utilisation: float  # execute lane busy fraction, decayed average
     resyncs: int  # times the core found it behind its predictions
 
@@ -78,6 +81,9 @@ def executor_stats(core: CoreState, executor_id: str) -> ExecutorStats:
         loading=tuple(executor.loading),
         outstanding_actions=len(executor.actions),
         exec_free_at_ns=executor.exec_lane.end_ns,
+        booked_ns=executor.backlog_ns,
+        reserved_loads=len(executor.reserved),
+        reserved_pages=sum(model.reserved_pages for model in executor.reserved.values()),
         utilisation=executor.utilisation(core.now_ns, core.config.utilisation_window_ns),
         resyncs=executor.exec_lane.resyncs + executor.load_lane.resyncs,
     )

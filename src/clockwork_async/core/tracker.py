@@ -119,12 +119,37 @@ class Lane:
         self.end_ns = end_ns
 
 
+class BookedBatch:
+    """A batch the admission ledger booked queued requests of one model into, on one
+    executor: its predicted start and end (pushed back when work before it grows), the
+    earliest internal deadline of its members, how many were booked (``size``, the batch it
+    is costed as) and how many are still queued (``live``), and its cost (exec of ``size``
+    padded)."""
+
+    __slots__ = ("cost_ns", "deadline_ns", "end_ns", "index", "live", "model", "size", "start_ns")
+
+    def __init__(
+        self, model: str, index: int, start_ns: int, cost_ns: int, deadline_ns: int
+    ) -> None:
+        self.model = model
+        self.index = index  # position in the executor's booking order
+        self.start_ns = start_ns
+        self.end_ns = start_ns + cost_ns
+        self.cost_ns = cost_ns
+        self.deadline_ns = deadline_ns
+        self.size = 1
+        self.live = 1
+
+
 class ExecutorState:
     """What the core knows of one executor. ``loaded`` is in LRU order (least recent first)."""
 
     __slots__ = (
         "actions",
         "alive",
+        "backlog_ns",
+        "booked",
+        "booked_head",
         "busy",
         "busy_at_ns",
         "exec_lane",
@@ -136,9 +161,12 @@ class ExecutorState:
         "load_lane",
         "loaded",
         "loading",
+        "open_batches",
         "page_bytes",
         "pages_total",
         "pages_used",
+        "reserved",
+        "reserved_load_ns",
         "timer_at_ns",
         "timer_version",
     )
@@ -165,6 +193,14 @@ class ExecutorState:
         self.busy = 0.0  # decayed committed execute time per unit time
         self.busy_at_ns = joined_ns
         self.alive = True
+        # Admission ledger (ledger.py): execute time promised to queued requests, the
+        # batches they were booked as, and LOADs promised to cold models (in order).
+        self.backlog_ns = 0
+        self.booked: list[BookedBatch] = []  # in booking order; dead ones before booked_head
+        self.booked_head = 0  # index (as BookedBatch.index) of booked[0]
+        self.open_batches: dict[str, BookedBatch] = {}  # model -> its last booked batch
+        self.reserved: OrderedDict[str, ModelState] = OrderedDict()
+        self.reserved_load_ns = 0
 
     @property
     def pages_free(self) -> int:

@@ -1,0 +1,196 @@
+"""Exact admission on a virtual clock: a request is accepted only when the work already booked
+on an executor (ledger.py) leaves room to serve it; rejected demand still loads models.
+
+ResNet50-V100 durations (b1 2.73, b2 4.05, b4 5.88, b8 9.93, b16 17.33 ms; LOAD 8.3 ms),
+margin 5% of the SLO. A new batch is admitted only if it would still end in time grown
+half-way (its model's first batch on the executor) or all the way (later ones) to its target
+batch: the largest b with 2 * exec(b) <= the internal SLO.
+"""
+
+from __future__ import annotations
+
+from clockwork_async.core.events import ExecutorLeft, Reply, StartInfer, StartLoad, StartUnload
+from clockwork_async.core.outcomes import Outcome
+
+from .harness import MS, US, Harness, only
+from .test_scheduling import B1, B4, busy_lane, loaded_harness
+
+LOAD = 8_300 * US
+
+
+def test_a_request_that_would_be_dropped_is_rejected_at_arrival() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)  # lane free at 5.46 ms
+    for request_id in range(4):  # SLO 13 (internal 12.35): booked as one b4, 5.46 to 11.34
+        assert not only(h.request(request_id, "a", 13 * MS), Reply)
+    # A fifth would make it a b8 (to 15.39) or need a batch of its own after it (11.34 +
+    # 2.73 > 12.35): before, it was accepted and then dropped; now it is never accepted.
+    (reply,) = only(h.request(4, "a", 13 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE and "already queued" in reply.message
+    h.tick(2 * B1 - 3 * MS)
+    assert h.ctl.stats().outcomes["dropped"] == 0 and h.ctl.queue_depth("a") == 0
+
+
+def test_work_queued_for_other_models_on_the_executor_counts() -> None:
+    alone = loaded_harness("a", "b")
+    busy_lane(alone)
+    assert not only(alone.request(2, "b", 11 * MS), Reply)  # 5.46 + 3.39 <= 10.45
+    h = loaded_harness("a", "b")
+    busy_lane(h)
+    assert not only(h.request(1, "a", 13 * MS), Reply)  # booked 5.46 to 8.19
+    (reply,) = only(h.request(2, "b", 11 * MS), Reply)  # 8.19 + 3.39 > 10.45
+    assert reply.outcome is Outcome.INFEASIBLE
+
+
+def test_a_later_arrival_with_an_earlier_deadline_must_fit_before_everything_booked() -> None:
+    h = loaded_harness("a", "b")
+    busy_lane(h)
+    assert not only(h.request(1, "a", 11 * MS), Reply)  # internal 10.45, booked to 8.19
+    # b's internal deadline (9.5) is earlier, so it would run first and push a's request
+    # past its own: admitted only if all the booked work ends by 9.5, which it does not.
+    assert only(h.request(2, "b", 10 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("a", (1,), 2 * B1)
+
+
+def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
+    h = Harness()
+    h.register("a", "x", "y", "z")
+    h.join("e1")
+    loads = [only(h.request(i, m, 100 * MS), StartLoad) for i, m in enumerate("xyz")]
+    assert [len(found) for found in loads] == [1, 1, 0]  # two LOADs in flight; z reserved
+    stats = h.ctl.executor("e1")  # z's pages are held until its LOAD starts
+    assert (stats.reserved_loads, stats.reserved_pages, stats.pages_used) == (1, 7, 21)
+    # a's LOAD would start after x, y (16.6 ms) and z's reserved one: ready at 33.2 ms,
+    # then b1 (2.73) and more. Counting the busy lane alone, as before, it would have been
+    # ready at 24.9 and accepted with an SLO of 35 (internal 33.25), then dropped.
+    assert only(h.request(10, "a", 35 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
+    # SLO 50 (internal 47.5; target b16): 33.2 + 2.73 + (17.33 - 2.73) / 2 = 43.23 fits.
+    assert not only(h.request(11, "a", 50 * MS), Reply)
+    first = h.finish(loads[0][0])  # x ready at 8.3: z's reserved LOAD goes next
+    assert [(c.model, c.earliest_ns) for c in only(first, StartLoad)] == [("z", 2 * LOAD)]
+    h.finish(only(first, StartInfer)[0])
+    second = h.finish(loads[1][0])  # y ready at 16.6: then a's
+    assert [(c.model, c.earliest_ns) for c in only(second, StartLoad)] == [("a", 3 * LOAD)]
+    h.finish(only(second, StartInfer)[0])
+    h.finish(only(h.finish(only(first, StartLoad)[0]), StartInfer)[0])  # z: 24.9 to 27.63
+    (infer,) = only(h.finish(only(second, StartLoad)[0]), StartInfer)  # a ready at 33.2
+    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("a", (11,), 4 * LOAD)
+    h.finish(infer)
+    assert h.outcome(11) is Outcome.OK and h.ctl.stats().outcomes["dropped"] == 0
+
+
+def test_demand_from_a_rejected_cold_request_leads_to_a_load_and_later_requests_are_served() -> (
+    None
+):
+    h = Harness()
+    h.register("a")
+    h.join("e1")
+    commands = h.request(1, "a", 2 * B1)  # 2x b1: a cold start (8.3 + 2.73) can never fit
+    assert only(commands, Reply)[0].outcome is Outcome.INFEASIBLE
+    (load,) = only(commands, StartLoad)  # the rejected request's demand
+    assert (load.model, load.earliest_ns) == ("a", 0)
+    h.finish(load)  # loaded at 8.3 ms
+    (infer,) = only(h.request(2, "a", 2 * B1, at_ns=9 * MS), StartInfer)
+    assert (infer.request_ids, infer.earliest_ns) == ((2,), 9 * MS)
+    h.finish(infer)
+    assert h.outcome(2) is Outcome.OK
+
+
+def test_a_reservation_evicts_at_once_but_never_a_hotter_model() -> None:
+    h = Harness()
+    h.register("a", "b", "c")
+    h.join("e1", pages=14, loaded=("a", "b"))  # full: a, b
+    for request_id, at_ns in ((1, 0), (2, 3 * MS), (3, 6 * MS)):  # a: three arrivals
+        h.finish(only(h.request(request_id, "a", 100 * MS, at_ns), StartInfer)[0])
+    h.finish(only(h.request(4, "b", 100 * MS, at_ns=10 * MS), StartInfer)[0])
+    assert h.ctl.executor("e1").loaded == ("a", "b")  # a is the least recently used
+    commands = h.request(5, "c", 100 * MS, at_ns=13 * MS)
+    # c's reservation takes its pages now; a (hotter than c) is kept, b (one arrival, longer
+    # ago than c's) goes.
+    assert [u.model for u in only(commands, StartUnload)] == ["b"]
+    assert [c.model for c in only(commands, StartLoad)] == ["c"]
+    assert h.ctl.executor("e1").pages_used == 14
+
+
+def test_a_cold_request_is_rejected_when_no_page_can_be_freed_for_it() -> None:
+    h = Harness()
+    h.register("a", "b", "c")
+    h.join("e1", pages=14, loaded=("a", "b"))
+    h.request(1, "a", 100 * MS)
+    h.request(2, "b", 100 * MS)  # both busy: nothing can be evicted
+    (reply,) = only(h.request(3, "c", 100 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE
+
+
+def test_requests_booked_on_an_executor_that_leaves_are_booked_again_elsewhere() -> None:
+    h = Harness()
+    h.register("a")
+    h.join("e1", loaded=("a",))
+    h.join("e2", loaded=("a",))
+    busy = [only(h.request(i, "a", 100 * MS), StartInfer)[0] for i in range(4)]
+    assert [c.executor_id for c in busy] == ["e1", "e1", "e2", "e2"]  # to 5.46 ms each
+    h.request(10, "a", 100 * MS)  # queued, booked on e1 (the first that ends soonest)
+    assert (h.ctl.executor("e1").booked_ns, h.ctl.executor("e2").booked_ns) == (B1, 0)
+    later = h.at(1 * MS, ExecutorLeft("e1", "crashed"))  # 0, 1 re-planned, 10 re-booked
+    assert h.ctl.executor("e2").booked_ns == B4  # all three, as one batch of 4
+    for infer in busy[2:]:
+        later += h.finish(infer)
+    (infer,) = only(later, StartInfer)
+    assert (infer.executor_id, sorted(infer.request_ids), infer.earliest_ns) == (
+        "e2",
+        [0, 1, 10],
+        2 * B1,
+    )
+    assert h.ctl.stats().outcomes["dropped"] == 0
+
+
+def test_a_batch_takes_no_request_booked_later_when_that_breaks_another_promise() -> None:
+    h = loaded_harness("a", "b")
+    first, second = busy_lane(h)  # lane free at 5.46 ms
+    # a: 1 and 2 (internal 12.35) booked as one b2, 5.46 to 9.51; b: 3 (internal 13.87)
+    # booked after it, to 12.24; a: 4 (internal 19.0) cannot join a's batch (a b4 would
+    # push b's to 14.07 > 13.87), so it is booked after b's.
+    for request_id, model, slo_ns in ((1, "a", 13 * MS), (2, "a", 13 * MS), (3, "b", 14_600 * US)):
+        assert not only(h.request(request_id, model, slo_ns), Reply)
+    assert not only(h.request(4, "a", 20 * MS), Reply)
+    assert h.ctl.executor("e1").booked_ns == 4_050 * US + 2 * B1
+    # EDF picks a first; its three queued requests would fit one b4 by their deadlines, but
+    # that would run 4 ahead of b's promise: a takes 1 and 2 only.
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (infer.model, infer.request_ids, infer.batch_size) == ("a", (1, 2), 2)
+    h.finish(first)
+    h.finish(second)
+    later = h.finish(infer)
+    assert [(c.model, c.request_ids, c.earliest_ns) for c in only(later, StartInfer)] == [
+        ("b", (3,), 4_050 * US + 2 * B1),
+        ("a", (4,), 4_050 * US + 3 * B1),
+    ]
+
+
+def test_work_booked_behind_a_load_is_not_pushed_by_a_batch_run_in_the_gap() -> None:
+    h = Harness()
+    h.register("a", "b")
+    h.join("e1", loaded=("b",))
+    # a is cold: its LOAD runs 0 to 8.3, its request (internal 11.7325) is booked 8.3 to 11.03.
+    (load,) = only(h.request(1, "a", 12_350 * US), StartLoad)
+    # At 7 ms the lane is idle, but b's batch (7 to 9.73) would push a's to 12.46: b waits.
+    commands = h.request(2, "b", 30 * MS, at_ns=7 * MS)
+    assert not only(commands, StartInfer) and not only(commands, Reply)
+    infers = only(h.finish(load), StartInfer)  # at 8.3 ms: a first, then b
+    assert [(c.model, c.earliest_ns) for c in infers] == [("a", LOAD), ("b", LOAD + B1)]
+
+
+def test_a_new_batch_is_opened_only_where_it_can_grow_to_its_target_batch() -> None:
+    h = loaded_harness("a")
+    busy_lane(h)  # lane free at 5.46 ms
+    # SLO 20 (internal 19): target batch b4 (2 x 5.88 <= 19 < 2 x 9.93). Eight requests
+    # join one batch (a b8, 5.46 to 15.39).
+    for request_id in range(8):
+        assert not only(h.request(request_id, "a", 20 * MS), Reply)
+    # A ninth could run alone after it (to 18.12), but a batch opened there could never
+    # grow to a b4 (15.39 + 5.88 > 19). Under sustained overload, accepting it would make
+    # every later batch start too late to grow: batches of one, a third of the goodput.
+    assert only(h.request(8, "a", 20 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (infer.batch_size, len(infer.request_ids)) == (8, 8)
