@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import os
@@ -68,6 +69,8 @@ _SIZE_UNITS["gi"] = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
+    """The executor's settings; each field is the flag of the same name (``--page-bytes``)."""
+
     backend: str
     listen: str
     name: str
@@ -172,19 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: Sequence[str]) -> tuple[ExecutorConfig, str]:
     """The frozen config and the log level. Raises SystemExit (argparse) on bad flags."""
     args = build_parser().parse_args(list(argv))
+    args.listen = args.listen or default_listen(args.name)
     config = ExecutorConfig(
-        backend=args.backend,
-        listen=args.listen or default_listen(args.name),
-        name=args.name,
-        page_bytes=args.page_bytes,
-        weights_bytes=args.weights_bytes,
-        cpus=args.cpus,
-        intra_op_threads=args.intra_op_threads,
-        seed=args.seed,
-        noise=args.noise,
-        slowdown=args.slowdown,
-        profile_file=args.profile_file,
-        token=args.token,
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(ExecutorConfig)}
     )
     return config, args.log_level
 

@@ -4,7 +4,10 @@ fails if its event loop saw an exception nobody handled."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,3 +38,24 @@ def _fail_on_unhandled_loop_exceptions(request: pytest.FixtureRequest) -> Iterat
     if request.node.get_closest_marker("asyncio") is not None:
         request.getfixturevalue("_loop_exception_guard")
     yield
+
+
+@pytest.fixture(scope="session")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost, and its key (PEM files); the
+    test is skipped where openssl is missing."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        [
+            *("openssl", "req", "-x509", "-newkey", "ec"),
+            *("-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"),
+            *("-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"),
+            *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import pytest_asyncio
 
+from clockwork_async.api.auth import client_ssl_context, server_ssl_context
 from clockwork_async.connection import (
     Connection,
     ConnectionClosed,
@@ -249,3 +250,84 @@ async def test_a_slow_consumer_bounds_its_queue_and_pushes_back_on_the_sender(
         assert await client.recv() == Pong(sent + 1, 0, 0)
         client.close()
         await client.wait_closed()
+
+
+async def test_tls_on_both_sides_with_the_public_functions(
+    serve: Serve, certificate: tuple[Path, Path]
+) -> None:
+    cert, key = certificate
+    address = await serve(_echo, ssl=server_ssl_context(cert, key))
+    hostname = "localhost" if address.startswith("unix:") else None  # TCP: the host itself
+    client = await open_connection(address, ssl=client_ssl_context(cert), server_hostname=hostname)
+    client.send(Ping(1, 2))
+    assert await asyncio.wait_for(client.recv(), 10) == Ping(1, 2)
+    client.close()
+    await client.wait_closed()
+    plain = await open_connection(address)  # no TLS: the server cannot read it
+    plain.send(Ping(3, 4))
+    with pytest.raises((ConnectionClosed, ProtocolError)):
+        await asyncio.wait_for(plain.recv(), 10)
+    plain.abort()
+    await plain.wait_closed()
+
+
+class RecordingTransport(asyncio.Transport):
+    """Records the write calls a Connection makes (64 KiB high-water mark, like asyncio's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closed_after = -1  # how many writes came before close()
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        self.writes.append(b"".join(list_of_data))
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return (16 << 10, 64 << 10)
+
+    def close(self) -> None:
+        self.closed_after = len(self.writes)
+
+
+def recording_connection() -> tuple[Connection, RecordingTransport]:
+    connection, transport = Connection(), RecordingTransport()
+    connection._on_connection_made(transport)  # what the protocol does once connected
+    return connection, transport
+
+
+def decoded(writes: list[bytes]) -> list[Message]:
+    decoder = Decoder()
+    decoder.feed(b"".join(writes))
+    messages = []
+    while (message := decoder.next_message()) is not None:
+        messages.append(message)
+    return messages
+
+
+async def test_a_lone_message_is_written_at_once_and_a_burst_in_one_more_write() -> None:
+    connection, transport = recording_connection()
+    connection.send(Ping(1, 0))
+    assert len(transport.writes) == 1  # at once: a lone message never waits for the loop
+    for seq in range(2, 6):
+        connection.send(Ping(seq, 0))
+    assert len(transport.writes) == 1  # held: the same loop iteration
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 2  # all four, in one call
+    connection.send(Ping(6, 0))  # a new iteration: at once again
+    assert len(transport.writes) == 3
+    assert decoded(transport.writes) == [Ping(seq, 0) for seq in range(1, 7)]
+    await asyncio.sleep(0)
+
+
+async def test_held_messages_go_out_at_the_high_water_mark_and_on_close() -> None:
+    connection, transport = recording_connection()
+    connection.send(Ping(1, 0))
+    big = ActionResult(2, outputs={"y": np.zeros(70 << 10, np.uint8)})
+    connection.send(big)  # over the transport's high-water mark: not held
+    assert len(transport.writes) == 2
+    connection.send(Ping(3, 0))
+    connection.close()  # flushes what it held, then closes
+    assert transport.closed_after == 3
+    assert [getattr(m, "seq", None) for m in decoded(transport.writes)] == [1, None, 3]
+    await asyncio.sleep(0)
+    assert len(transport.writes) == 3

@@ -214,11 +214,11 @@ async def test_promtool_accepts_a_full_scrape(served: Served) -> None:
     metrics.observe_prediction("load", -0.002)
     metrics.observe_load("group-1", 0.004)
     metrics.observe_eviction("group-1")
-    metrics.observe_cold_start("group-1")
     metrics.observe_loop_lag(0.0002)
     metrics.executor_restarted("local-0")
     gauges = ExecutorGauges("local-0", True, 10, 64, 3)
-    metrics.set_snapshot_source(lambda: LiveSnapshot((gauges,), 2, {"group-1": 2}, 4, 200, 1))
+    live = LiveSnapshot((gauges,), 2, {"group-1": 2}, 1, 4, 200, 1, cold_starts=3)
+    metrics.set_snapshot_source(lambda: live)
     status, _, body = await served.get(GET)
     assert status == 200
     checked = subprocess.run(

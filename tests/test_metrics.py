@@ -109,16 +109,14 @@ def test_prediction_error_is_split_by_direction(registry: CollectorRegistry) -> 
     assert value(registry, name, kind="load", direction="faster") == 0.0
 
 
-def test_loads_evictions_cold_starts_restarts_and_lag(registry: CollectorRegistry) -> None:
+def test_loads_evictions_restarts_and_lag(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry, include_process=False)
     metrics.observe_load("g", 0.003)
     metrics.observe_eviction("g")
-    metrics.observe_cold_start("g")
     metrics.executor_restarted("local-0")
     metrics.observe_loop_lag(-0.001)  # clamped: a loop is never early
     assert value(registry, "clockwork_load_duration_seconds_sum", group="g") == 0.003
     assert value(registry, "clockwork_evictions_total", group="g") == 1
-    assert value(registry, "clockwork_cold_starts_total", group="g") == 1
     assert value(registry, "clockwork_executor_restarts_total", executor="local-0") == 1
     assert value(registry, "clockwork_event_loop_lag_seconds_sum") == 0.0
 
@@ -161,9 +159,11 @@ def test_live_gauges_are_read_at_scrape_time(registry: CollectorRegistry) -> Non
             executors=(gauges,),
             queue_depth=5,
             queue_depth_by_group={"a": 2, "b": 3},
+            running_requests=2,
             outstanding_requests=7,
             models_registered=1000,
             client_connections=4,
+            cold_starts=state["used"] + 10,
         )
 
     assert value(registry, "clockwork_executor_pages_used", executor="local-0") is None
@@ -175,7 +175,9 @@ def test_live_gauges_are_read_at_scrape_time(registry: CollectorRegistry) -> Non
     assert value(registry, "clockwork_executor_up", executor="local-0") == 1
     assert value(registry, "clockwork_group_queue_depth", group="b") == 3
     assert value(registry, "clockwork_queue_depth") == 5
+    assert value(registry, "clockwork_running_requests") == 2
     assert value(registry, "clockwork_outstanding_requests") == 7
+    assert value(registry, "clockwork_cold_starts_total") == 19  # the core's count, as it is
     assert value(registry, "clockwork_models_registered") == 1000
     assert value(registry, "clockwork_client_connections") == 4
 

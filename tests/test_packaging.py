@@ -190,7 +190,7 @@ def test_every_key_is_in_the_example_and_the_docs() -> None:
 def test_every_metric_is_documented() -> None:
     registry = CollectorRegistry()
     metrics = Metrics(registry, include_process=False)
-    live = LiveSnapshot((ExecutorGauges("local-0", True, 1, 2, 1),), 1, {"g": 1}, 1, 1, 1)
+    live = LiveSnapshot((ExecutorGauges("local-0", True, 1, 2, 1),), 1, {"g": 1}, 1, 1, 1, 1, 1)
     metrics.set_snapshot_source(lambda: live)
     docs = OPERATIONS_DOC.read_text()
     for family in registry.collect():

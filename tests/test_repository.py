@@ -110,6 +110,7 @@ group = "rnn-family"
 copies = 3
 batch_sizes = [1, 2, 4]
 default_slo_ms = 25.5
+sim_profile = "resnet50-v100"
 [[inputs]]
 name = "x"
 dtype = "float32"
@@ -122,7 +123,14 @@ shape = [2, -1, 8]
     assert entry.instances == ("rnn-0", "rnn-1", "rnn-2")
     assert entry.group == "rnn-family"
     assert entry.default_slo_ns == 25_500_000
+    assert entry.sim_profile == "resnet50-v100"
     assert entry.inputs == (TensorSpec("x", "float32", (2, -1, 8)),)
+
+
+def test_simulated_executors_run_a_model_as_tiny_sim_unless_it_says_otherwise(root: Path) -> None:
+    write_folder(root, "plain", onnx_bytes(["N", 4]))
+    (entry,) = Repository(root).scan()
+    assert entry.sim_profile == "tiny-sim"
 
 
 @pytest.mark.parametrize(
@@ -139,6 +147,7 @@ shape = [2, -1, 8]
         ("[[inputs]]\nname = 'x'\ndtype = 'int64'\nshape = [-1, 4]", "int64"),
         ("[[inputs]]\nname = 'x'\ndtype = 'float32'\nshape = [0]", "shape"),
         ("not toml [", "not valid TOML"),
+        ('sim_profile = "gpt-9"', "resnet50-v100, tiny-sim"),
     ],
 )
 def test_bad_model_toml_is_a_named_error(root: Path, toml: str, says: str) -> None:

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ssl as ssl_module
 import threading
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import numpy as np
 
@@ -24,12 +23,13 @@ from clockwork_async.api.async_client import (
     ClientError,
     ConnectError,
     ConnectionClosedError,
+    ConnectOptions,
+    Deadline,
     Health,
     InferResult,
     ModelStatus,
     PendingInfer,
 )
-from clockwork_async.wire.codec import DEFAULT_LIMITS
 
 __all__ = [
     "DEFAULT_ADDRESS",
@@ -38,7 +38,9 @@ __all__ = [
     "Client",
     "ClientError",
     "ConnectError",
+    "ConnectOptions",
     "ConnectionClosedError",
+    "Deadline",
     "Health",
     "InferResult",
     "ModelStatus",
@@ -56,30 +58,19 @@ class Client:
         self,
         address: str = DEFAULT_ADDRESS,
         *,
-        token: str = "",
-        ssl: ssl_module.SSLContext | None = None,
-        server_hostname: str | None = None,
-        name: str = "python-client",
-        max_frame_bytes: int = DEFAULT_LIMITS.max_tail_bytes,
         connect_timeout_s: float = 10.0,
         timeout_s: float | None = None,
+        **options: Unpack[ConnectOptions],
     ) -> None:
-        """Connect (raises ConnectError, ValueError). ``timeout_s`` bounds each call
-        (TimeoutError, after cancelling it); None waits for the reply or the connection's end."""
+        """Connect (raises ConnectError, ValueError) as `AsyncClient.connect` does, within
+        ``connect_timeout_s``. ``timeout_s`` bounds each call (TimeoutError, after cancelling
+        it); None waits for the reply or the connection's end."""
         self.timeout_s = timeout_s
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="clockwork-client")
         self._thread.daemon = True
         self._thread.start()
-        connect = AsyncClient.connect(
-            address,
-            token=token,
-            ssl=ssl,
-            server_hostname=server_hostname,
-            name=name,
-            max_frame_bytes=max_frame_bytes,
-            timeout_s=connect_timeout_s,
-        )
+        connect = AsyncClient.connect(address, timeout_s=connect_timeout_s, **options)
         try:
             self._client = self._run(connect, None)
         except BaseException:
@@ -87,28 +78,18 @@ class Client:
             raise
 
     def submit(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        slo_ms: float | None = None,
-        deadline_unix_ns: int | None = None,
+        self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> concurrent.futures.Future[InferResult]:
         """Send an infer; the future resolves to its InferResult (or ConnectionClosedError)."""
-        call = self._client.infer(model, inputs, slo_ms=slo_ms, deadline_unix_ns=deadline_unix_ns)
-        return asyncio.run_coroutine_threadsafe(call, self._loop)
+        return asyncio.run_coroutine_threadsafe(
+            self._client.infer(model, inputs, **deadline), self._loop
+        )
 
     def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        slo_ms: float | None = None,
-        deadline_unix_ns: int | None = None,
+        self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> InferResult:
         """Like `AsyncClient.infer`, blocking."""
-        call = self._client.infer(model, inputs, slo_ms=slo_ms, deadline_unix_ns=deadline_unix_ns)
-        return self._run(call, self.timeout_s)
+        return self._run(self._client.infer(model, inputs, **deadline), self.timeout_s)
 
     def cancel(self, request_id: int) -> None:
         self._run(self._client.cancel(request_id), self.timeout_s)

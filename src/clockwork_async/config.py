@@ -65,7 +65,8 @@ class ExecutorType(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """``[server]``: the client API listener, its limits, logging, authentication and TLS."""
+    """``[server]``: the client API listener, its limits, logging, authentication and TLS,
+    and whether the daemon pins itself (the controller) to one CPU."""
 
     listen: Address = DEFAULT_SERVER_LISTEN
     max_connections: int = ranged(4096, 1, 1_000_000)
@@ -79,6 +80,7 @@ class ServerConfig:
     admin_token: str = secret()
     tls_cert_path: Path | None = None
     tls_key_path: Path | None = None
+    pin_controller: bool = True  # the daemon's own process, to a CPU no executor is pinned to
 
     @property
     def auth_enabled(self) -> bool:

@@ -8,11 +8,16 @@ the rest are answered ``shutting_down``, the executors stop, and `Daemon.run` re
 second signal skips the drain (everything left is answered ``shutting_down`` at once, the
 executors are killed) and it returns 1. SIGHUP rescans the model repository.
 
+Before the executors start, the daemon pins its event loop's thread (the controller) to one
+CPU no local executor is pinned to (``server.pin_controller``); executors without ``cpus`` get
+every CPU the daemon had, so they do not inherit that pin.
+
 Invariants: the lifecycle is explicit (STARTING -> SERVING -> DRAINING -> STOPPED, or
 STARTING -> DRAINING when stopped while starting) with one guarded transition; the daemon waits
-on events, never polls; signal handlers are the daemon's only while it runs, and the previous
-ones are restored when `run` returns; whatever was started is stopped, whatever path `run`
-takes out. `clockwork_async.serve` (the CLI verb) reads the config and the environment and runs it.
+on events, never polls; signal handlers and the CPU affinity are the daemon's only while it
+runs, and the previous ones are restored when `run` returns; whatever was started is stopped,
+whatever path `run` takes out. `clockwork_async.serve` (the CLI verb) reads the config and the
+environment and runs it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -39,7 +45,7 @@ from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import Driver
 from clockwork_async.runtime.executor_link import LinkError
-from clockwork_async.runtime.supervisor import Supervisor, SupervisorError
+from clockwork_async.runtime.supervisor import Supervisor, SupervisorError, pin_controller
 from clockwork_async.service_impl import DaemonService
 from clockwork_async.systemd import Notifier
 
@@ -102,6 +108,8 @@ class Daemon:
         self.endpoint: HttpEndpoint | None = None
         self.api_address = ""
         self.metrics_address = ""
+        self.controller_cpu: int | None = None  # where the controller is pinned, if it is
+        self._affinity_before: set[int] | None = None
 
     @property
     def state(self) -> DaemonState:
@@ -134,6 +142,7 @@ class Daemon:
             raise
         finally:
             self._restore_signals(previous)
+            self._unpin()
             self._notifier.close()
         return EXIT_FORCED if self._force.is_set() else status
 
@@ -199,7 +208,9 @@ class Daemon:
         for warning in self.config.warnings():
             log.warning("config: %s", warning)
         self._notifier.status("starting executors")
-        await self._start_executors()
+        unpinned_cpus = tuple(sorted(os.sched_getaffinity(0)))
+        self._pin_controller(unpinned_cpus)
+        await self._start_executors(unpinned_cpus if self.controller_cpu is not None else ())
         self._notifier.status("registering models")
         await self._register_models()
         await self._start_api()
@@ -207,8 +218,27 @@ class Daemon:
         self._enter(DaemonState.SERVING)
         self._announce()
 
-    async def _start_executors(self) -> None:
-        specs = setup.executor_specs(self.config)
+    def _pin_controller(self, cpus: tuple[int, ...]) -> None:
+        """Pin the loop's thread to a CPU no local executor is pinned to, if configured."""
+        if not self.config.server.pin_controller:
+            return
+        before = os.sched_getaffinity(0)
+        try:
+            cpu = pin_controller(cpus, taken=setup.pinned_executor_cpus(self.config))
+        except OSError as error:
+            log.warning("the controller is not pinned: %s", error)
+            return
+        self._affinity_before, self.controller_cpu = before, cpu
+        log.info("controller pinned to CPU %d", cpu)
+
+    def _unpin(self) -> None:
+        if self._affinity_before is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self._affinity_before)
+            self._affinity_before = None
+
+    async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
+        specs = setup.executor_specs(self.config, unpinned_cpus)
         try:
             if specs:
                 self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))
@@ -257,14 +287,15 @@ class Daemon:
         api = ApiServer(
             self.service, limits=ServerLimits.from_config(server), auth=auth_from_config(server)
         )
+        self.api = api
         try:
             context = None
             if server.tls_cert_path is not None and server.tls_key_path is not None:
                 context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
             await api.start(str(server.listen), ssl=context)
-        except OSError as error:  # nothing was accepted: there is nothing to close
+        except OSError as error:  # the server is CLOSED then: closing it returns at once
             raise StartError(f"client API on {server.listen}: {error}") from error
-        self.api, self.api_address = api, api.address
+        self.api_address = api.address
         self.metrics.set_snapshot_source(
             setup.snapshot_source(self.driver.snapshot, lambda: api.connection_count)
         )
@@ -313,6 +344,7 @@ class Daemon:
             "api": self.api.snapshot() if self.api is not None else {},
             "api_address": self.api_address,
             "metrics_address": self.metrics_address,
+            "controller_cpu": self.controller_cpu,
         }
 
     async def _rescan(self) -> None:
@@ -342,7 +374,7 @@ class Daemon:
         self._enter(DaemonState.DRAINING)
         if self.service is not None:
             self.service.accepting = False
-        self._notifier.stopping(f"draining {self.driver.snapshot().queue_depth} requests")
+        self._notifier.stopping(f"draining {self.driver.snapshot().outstanding} requests")
         await self._drain()
         await self._stop_all()
         self._enter(DaemonState.STOPPED)

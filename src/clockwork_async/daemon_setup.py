@@ -32,9 +32,6 @@ from clockwork_async.service_impl import Registration
 log = logging.getLogger(__name__)
 
 MS_NS = 1_000_000
-# Simulated executors time a model by a duration profile, not by its file: every repository
-# model is registered on them as this built-in profile (fast, for tests and overhead runs).
-SIMULATED_PROFILE = "tiny-sim"
 DEMO_SEEDED_MARKER = ".demo-models-seeded"  # dot-files are not model folders
 
 
@@ -50,20 +47,20 @@ def is_simulated(config: DaemonConfig) -> bool:
     return any(e.backend == "simulated" for e in local_executors(config))
 
 
-def executor_specs(config: DaemonConfig) -> list[ExecutorSpec]:
-    """One supervisor spec per local executor."""
+def executor_specs(config: DaemonConfig, unpinned_cpus: tuple[int, ...] = ()) -> list[ExecutorSpec]:
+    """One supervisor spec per local executor; one without ``cpus`` gets ``unpinned_cpus``
+    (the CPUs the daemon could use before it pinned itself), so it does not inherit the
+    controller's pin."""
+    shared = ("name", "backend", "page_bytes", "weights_bytes", "intra_op_threads", "slowdown")
     return [
-        ExecutorSpec(
-            name=e.name,
-            backend=e.backend,
-            cpus=e.cpus,
-            page_bytes=e.page_bytes,
-            weights_bytes=e.weights_bytes,
-            intra_op_threads=e.intra_op_threads,
-            slowdown=e.slowdown,
-        )
+        ExecutorSpec(**{key: getattr(e, key) for key in shared}, cpus=e.cpus or unpinned_cpus)
         for e in local_executors(config)
     ]
+
+
+def pinned_executor_cpus(config: DaemonConfig) -> set[int]:
+    """The CPUs local executors are pinned to (the controller keeps off them)."""
+    return {cpu for executor in local_executors(config) for cpu in executor.cpus}
 
 
 def _backoff(link: ExecutorLinkConfig) -> BackoffConfig:
@@ -103,18 +100,28 @@ def runtime_config(config: DaemonConfig) -> RuntimeConfig:
 
 def registration(config: DaemonConfig) -> Registration:
     """How repository models are registered: the profile cache and its machine key, the host
-    budget, and the path executors are told (the file, or the simulated profile)."""
+    budget, and the path executors are told: the file, or for simulated executors (which time
+    a model by a duration profile, not by its file) the model.toml's ``sim_profile``."""
     cache = ProfileCache(config.repository.profile_cache_dir)
     budget_bytes = config.repository.weights_budget_bytes
     if is_simulated(config):
         slowdowns = sorted({e.slowdown for e in local_executors(config)})
-        machine = machine_key("simulated") + f"; profile={SIMULATED_PROFILE}; x{slowdowns}"
-        return Registration(cache, machine, budget_bytes, lambda _entry: SIMULATED_PROFILE)
-    return Registration(cache, machine_key("onnxruntime"), budget_bytes, _file_path)
+        machine = machine_key("simulated")
+
+        def simulated_machine(entry: ModelEntry) -> str:
+            return f"{machine}; profile={entry.sim_profile}; x{slowdowns}"
+
+        return Registration(cache, simulated_machine, budget_bytes, _sim_profile)
+    onnxruntime_machine = machine_key("onnxruntime")
+    return Registration(cache, lambda _entry: onnxruntime_machine, budget_bytes, _file_path)
 
 
 def _file_path(entry: ModelEntry) -> str:
     return str(entry.onnx_path)
+
+
+def _sim_profile(entry: ModelEntry) -> str:
+    return entry.sim_profile
 
 
 def seed_demo_models(repository: Repository, cache_dir: Path) -> list[str]:
@@ -137,20 +144,22 @@ def seed_demo_models(repository: Repository, cache_dir: Path) -> list[str]:
 
 
 def live_snapshot(snapshot: DriverSnapshot, connections: int) -> LiveSnapshot:
-    """The metrics' live gauges from a driver snapshot. The driver counts requests accepted
-    and not yet answered; that is both the outstanding count and (an upper bound of) the
-    queue depth."""
+    """The metrics' live gauges (and the core's cold-start count) from a driver snapshot."""
     by_group: dict[str, int] = {}
+    for model in snapshot.models:
+        by_group[model.group] = by_group.get(model.group, 0) + model.queued
     return LiveSnapshot(
         executors=tuple(
             ExecutorGauges(e.executor_id, e.up, e.pages_used, e.pages_total, len(e.loaded))
             for e in snapshot.executors
         ),
-        queue_depth=snapshot.queue_depth,
+        queue_depth=snapshot.queued,
         queue_depth_by_group=by_group,
-        outstanding_requests=snapshot.queue_depth,
+        running_requests=snapshot.running,
+        outstanding_requests=snapshot.outstanding,
         models_registered=len(snapshot.models),
         client_connections=connections,
+        cold_starts=snapshot.core_counters.get("cold_starts", 0),
     )
 
 

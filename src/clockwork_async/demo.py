@@ -5,8 +5,11 @@ a core, registers ``resnet-like``, LOADs it, runs a few INFERs on random inputs 
 windows, prints the outputs' shapes and the executor's measured timings, UNLOADs, and stops
 the executor with SIGTERM: a look at the executor protocol, with measured timings.
 
-`spawn_executor` and `ExecutorSession` (a small pipelining controller side: one future per
-action id, NTP-style clock offset from pings) are reused by ``benchmarks/executor.py``.
+The pieces are reused, by ``benchmarks/executor.py`` and the executor tests:
+`start_executor` (a process that printed ``ready ADDRESS``; `ExecutorProcess.stop` leaves no
+process behind), `spawn_executor` (the same for asyncio callers) and `ExecutorSession` (a small
+pipelining controller side: one future per action id, NTP-style clock offset from pings,
+connection-level errors kept).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import argparse
 import asyncio
 import itertools
 import os
+import select
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +53,8 @@ from clockwork_async.wire.messages import (
 NEVER_NS = 2**63 - 1
 MS_NS = 1_000_000
 READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 15.0
+REPLY_TIMEOUT_S = 60.0
 
 
 class DemoError(RuntimeError):
@@ -57,41 +64,86 @@ class DemoError(RuntimeError):
 # --- the executor process -------------------------------------------------------------------
 
 
+def executor_command(args: Sequence[str]) -> list[str]:
+    """The command line of ``clockwork-async executor ARGS`` in this Python."""
+    return [sys.executable, "-m", "clockwork_async.executors.main", *args]
+
+
 @dataclass
-class SpawnedExecutor:
-    process: asyncio.subprocess.Process
+class ExecutorProcess:
+    """An executor subprocess that printed ``ready ADDRESS``."""
+
+    process: subprocess.Popen[bytes]
     address: str
 
-    async def stop(self, timeout_s: float = 15.0) -> int:
-        """SIGTERM, wait (SIGKILL after ``timeout_s``). Returns the exit status."""
-        if self.process.returncode is None:
-            self.process.send_signal(signal.SIGTERM)
+    def stop(self, signum: int = signal.SIGTERM, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """Send ``signum`` and wait (SIGKILL after ``timeout_s``). Returns the exit status
+        (negative: killed by that signal)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
             try:
-                await asyncio.wait_for(self.process.wait(), timeout_s)
-            except TimeoutError:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
                 self.process.kill()
-                await self.process.wait()
-        assert self.process.returncode is not None
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return self.process.returncode
 
 
-async def spawn_executor(args: Sequence[str]) -> SpawnedExecutor:
-    """Start ``python -m clockwork_async.executors.main ARGS`` and wait for ``ready ADDR``.
-    Raises DemoError (after killing it) if it does not get there."""
-    command = [sys.executable, "-m", "clockwork_async.executors.main", *args]
-    process = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE)
-    assert process.stdout is not None
-    try:
-        line = await asyncio.wait_for(process.stdout.readline(), READY_TIMEOUT_S)
-    except TimeoutError:
-        line = b""
-    text = line.decode(errors="replace").strip()
+def start_executor(args: Sequence[str], timeout_s: float = READY_TIMEOUT_S) -> ExecutorProcess:
+    """Start ``clockwork-async executor ARGS`` and wait (blocking) for its ``ready`` line.
+    Raises DemoError (after killing it) if it does not get there in ``timeout_s``."""
+    process = subprocess.Popen(
+        executor_command(args), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL
+    )
+    text = _read_line(process, timeout_s).decode(errors="replace").strip()
     if not text.startswith("ready "):
-        if process.returncode is None:
-            process.kill()
-        status = await process.wait()
-        raise DemoError(f"the executor did not start (exit {status}, said {text!r})")
-    return SpawnedExecutor(process, text.removeprefix("ready "))
+        process.kill()
+        status = process.wait()
+        assert process.stdout is not None
+        process.stdout.close()
+        raise DemoError(f"executor {list(args)} did not start (exit {status}, said {text!r})")
+    return ExecutorProcess(process, text.removeprefix("ready "))
+
+
+def _read_line(process: subprocess.Popen[bytes], timeout_s: float) -> bytes:
+    """One line of the process's stdout; b'' on exit or timeout."""
+    assert process.stdout is not None
+    fd, line, deadline = process.stdout.fileno(), b"", time.monotonic() + timeout_s
+    while not line.endswith(b"\n"):
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0 or not select.select([fd], [], [], remaining_s)[0]:
+            return b""
+        chunk = os.read(fd, 1)
+        if not chunk:
+            return b""
+        line += chunk
+    return line
+
+
+@dataclass
+class SpawnedExecutor:
+    """`ExecutorProcess` for asyncio callers: waiting happens in a worker thread."""
+
+    executor: ExecutorProcess
+
+    @property
+    def address(self) -> str:
+        return self.executor.address
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.executor.process
+
+    async def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM, wait (SIGKILL after ``timeout_s``). Returns the exit status."""
+        return await asyncio.to_thread(self.executor.stop, signal.SIGTERM, timeout_s)
+
+
+async def spawn_executor(args: Sequence[str]) -> SpawnedExecutor:
+    """`start_executor` without blocking the event loop. Raises DemoError."""
+    return SpawnedExecutor(await asyncio.to_thread(start_executor, args))
 
 
 # --- a small controller side ------------------------------------------------------------------
@@ -99,25 +151,34 @@ async def spawn_executor(args: Sequence[str]) -> SpawnedExecutor:
 
 @dataclass
 class ExecutorSession:
-    """A handshaken connection to one executor; replies are matched by action id."""
+    """A handshaken connection to one executor; replies are matched by action id, pongs by
+    sequence number; connection-level `Error`s are kept in ``errors``."""
 
     conn: Connection
     info: ExecutorInfo
     offset_ns: int = 0  # executor clock - our clock (see `sync_clock`)
+    errors: list[Error] = field(default_factory=list)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # set once the reader ended
     _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _waiting: dict[int, asyncio.Future[Message]] = field(default_factory=dict)
     _pongs: dict[int, asyncio.Future[tuple[Pong, int]]] = field(default_factory=dict)
     _reader: asyncio.Task[None] | None = None
 
     @classmethod
-    async def open(cls, address: str, token: str = "") -> ExecutorSession:
-        """Connect and handshake. Raises DemoError if the executor refuses."""
-        conn = await open_connection(address)
-        conn.send(Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, "demo", token))
-        hello, info = await conn.recv(), await conn.recv()
-        if not isinstance(hello, Hello) or not isinstance(info, ExecutorInfo):
+    async def open(
+        cls, address: str, token: str = "", name: str = "demo", timeout_s: float = 20.0
+    ) -> ExecutorSession:
+        """Connect and handshake. Raises DemoError if the executor refuses, OSError if
+        nothing listens there, TimeoutError, ConnectionClosed."""
+        hello = Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, name, token)
+        conn, first = await say_hello(address, hello, timeout_s)
+        if not isinstance(first, Hello) or first.role != Role.EXECUTOR:
             conn.close()
-            raise DemoError(f"the executor refused the connection: {hello!r}")
+            raise DemoError(f"the executor refused the connection: {first!r}")
+        info = await asyncio.wait_for(conn.recv(), timeout_s)
+        if not isinstance(info, ExecutorInfo):
+            conn.close()
+            raise DemoError(f"expected executor_info after the hello, got {info!r}")
         session = cls(conn, info)
         session._reader = asyncio.get_running_loop().create_task(session._read())
         return session
@@ -128,19 +189,20 @@ class ExecutorSession:
                 self._dispatch(message)
         except ConnectionClosed:
             pass
+        finally:
+            self.closed.set()
 
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Pong):
             pong = self._pongs.pop(message.seq, None)
             if pong is not None and not pong.done():
                 pong.set_result((message, time.monotonic_ns()))
-            return
-        if isinstance(message, Error):
-            print(f"executor error: {message.code}: {message.message}", file=sys.stderr)
-            return
-        waiter = self._waiting.pop(getattr(message, "action_id", -1), None)
-        if waiter is not None and not waiter.done():
-            waiter.set_result(message)
+        elif isinstance(message, Error):
+            self.errors.append(message)
+        else:
+            waiter = self._waiting.pop(getattr(message, "action_id", -1), None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
 
     def send(self, make: Callable[[int], Message]) -> asyncio.Future[Message]:
         """Send ``make(action_id)``; the future resolves with its one reply."""
@@ -150,13 +212,24 @@ class ExecutorSession:
         self.conn.send(make(action_id))
         return future
 
-    async def call(self, make: Callable[[int], Message], timeout_s: float = 60.0) -> Message:
+    async def call(
+        self, make: Callable[[int], Message], timeout_s: float = REPLY_TIMEOUT_S
+    ) -> Message:
+        """The one reply to ``make(action_id)``. Raises TimeoutError."""
         return await asyncio.wait_for(self.send(make), timeout_s)
 
-    async def result(self, make: Callable[[int], Message]) -> ActionResult:
-        """The ActionResult of one action. Raises DemoError for an error code."""
+    async def action(self, make: Callable[[int], Message]) -> ActionResult:
+        """The ActionResult of one action, whatever its code. Raises DemoError for another
+        kind of reply."""
         reply = await self.call(make)
-        if not isinstance(reply, ActionResult) or not reply.ok:
+        if not isinstance(reply, ActionResult):
+            raise DemoError(f"expected an action_result, got {reply!r}")
+        return reply
+
+    async def result(self, make: Callable[[int], Message]) -> ActionResult:
+        """The ActionResult of one action that succeeded. Raises DemoError otherwise."""
+        reply = await self.action(make)
+        if not reply.ok:
             raise DemoError(f"action failed: {reply!r}")
         return reply
 
@@ -166,18 +239,25 @@ class ExecutorSession:
             raise DemoError(f"registering {model!r} failed: {reply!r}")
         return reply
 
-    async def sync_clock(self, samples: int = 32) -> int:
-        """Estimate the executor's clock offset from the lowest-round-trip ping (NTP style);
-        store and return it."""
-        best_rtt_ns = NEVER_NS
+    async def ping(self, samples: int = 20) -> tuple[int, int]:
+        """``(offset_ns, round_trip_ns)`` of the sample with the smallest round trip (NTP
+        style: the offset is off by at most half that round trip)."""
+        best: tuple[int, int] | None = None
         for seq in range(samples):
             future: asyncio.Future[tuple[Pong, int]] = asyncio.get_running_loop().create_future()
             self._pongs[seq] = future
             self.conn.send(Ping(seq, time.monotonic_ns()))
             pong, arrived_ns = await asyncio.wait_for(future, 10.0)
-            if arrived_ns - pong.sent_ns < best_rtt_ns:
-                best_rtt_ns = arrived_ns - pong.sent_ns
-                self.offset_ns = pong.peer_ns - (pong.sent_ns + arrived_ns) // 2
+            round_trip_ns = arrived_ns - pong.sent_ns
+            offset_ns = pong.peer_ns - (pong.sent_ns + arrived_ns) // 2
+            if best is None or round_trip_ns < best[1]:
+                best = (offset_ns, round_trip_ns)
+        assert best is not None
+        return best
+
+    async def sync_clock(self, samples: int = 32) -> int:
+        """Estimate the executor's clock offset with `ping`; store and return it."""
+        self.offset_ns, _ = await self.ping(samples)
         return self.offset_ns
 
     def executor_now_ns(self) -> int:
@@ -188,6 +268,20 @@ class ExecutorSession:
         await self.conn.wait_closed()
         if self._reader is not None:
             await self._reader
+
+
+async def say_hello(
+    address: str, hello: Hello, timeout_s: float = 20.0
+) -> tuple[Connection, Message]:
+    """Connect, send ``hello``, return the connection and the first message back. Raises
+    OSError, TimeoutError."""
+    conn = await open_connection(address)
+    conn.send(hello)
+    try:
+        return conn, await asyncio.wait_for(conn.recv(), timeout_s)
+    except BaseException:
+        conn.abort()
+        raise
 
 
 # --- the demo -------------------------------------------------------------------------------
@@ -279,6 +373,8 @@ async def _demo_session(address: str, args: argparse.Namespace) -> None:
         await session.call(lambda i: GetState(i))
     finally:
         await session.close()
+        for error in session.errors:
+            print(f"executor error: {error.code}: {error.message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str]) -> int:

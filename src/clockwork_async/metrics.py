@@ -6,7 +6,8 @@ labelled by model *group* (one per ONNX file, or model.toml's ``group``), never 
 per-instance counters admit the first ``instance_label_limit`` instances and count the rest
 under ``instance="other"``; groups and executors are capped the same way. Live state (pages,
 queue depth, executors up) is not copied into gauges as it changes: a collector reads it from
-the caller's snapshot function at scrape time, on the event loop that serves the scrape.
+the caller's snapshot function at scrape time, on the event loop that serves the scrape; so
+are counters that the controller core keeps itself (cold starts), so there is one count.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
 from clockwork_async.core.outcomes import Outcome
@@ -84,9 +85,11 @@ class LiveSnapshot:
     executors: tuple[ExecutorGauges, ...] = ()
     queue_depth: int = 0  # accepted requests not yet sent to an executor
     queue_depth_by_group: Mapping[str, int] = field(default_factory=dict)
+    running_requests: int = 0  # in a batch sent to an executor, not yet answered
     outstanding_requests: int = 0  # accepted, not yet answered
     models_registered: int = 0  # instances
     client_connections: int = 0
+    cold_starts: int = 0  # the core's count since start (a counter)
 
 
 SnapshotSource = Callable[[], LiveSnapshot]
@@ -133,9 +136,6 @@ class Metrics:
         )
         self.drops = counter(
             "drops", "Valid requests not answered ok in time, by reason.", ["group", "reason"]
-        )
-        self.cold_starts = counter(
-            "cold_starts", "Requests that had to wait for a LOAD of their model.", ["group"]
         )
         self.evictions = counter("evictions", "Models unloaded to free pages.", ["group"])
         self.executor_restarts = counter(
@@ -232,9 +232,6 @@ class Metrics:
     def observe_eviction(self, group: str) -> None:
         self.evictions.labels(self._group_label(group)).inc()
 
-    def observe_cold_start(self, group: str) -> None:
-        self.cold_starts.labels(self._group_label(group)).inc()
-
     def observe_loop_lag(self, seconds: float) -> None:
         self.loop_lag.observe(max(0.0, seconds))
 
@@ -299,6 +296,10 @@ def _live_families(
     yield by_group
     totals = {
         "queue_depth": ("Accepted requests not yet sent to an executor.", snapshot.queue_depth),
+        "running_requests": (
+            "Accepted requests in a batch sent to an executor, not yet answered.",
+            snapshot.running_requests,
+        ),
         "outstanding_requests": (
             "Accepted requests not yet answered.",
             snapshot.outstanding_requests,
@@ -308,6 +309,11 @@ def _live_families(
     }
     for name, (doc, value) in totals.items():
         yield GaugeMetricFamily(f"clockwork_{name}", doc, value=value if samples else None)
+    yield CounterMetricFamily(
+        "clockwork_cold_starts",
+        "LOADs of a model that had no copy loaded or loading: its requests wait for the LOAD.",
+        value=snapshot.cold_starts if samples else None,
+    )
 
 
 def _summed(by_group: Mapping[str, int], group: BoundedLabel) -> dict[str, int]:

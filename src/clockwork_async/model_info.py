@@ -19,6 +19,7 @@ import onnx
 from onnx import external_data_helper
 
 from clockwork_async.config_fields import ConfigError, Raw, build_section, ranged
+from clockwork_async.sim.profiles import BUILTIN_PROFILES, TINY_SIM
 from clockwork_async.wire.messages import TensorSpec
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
@@ -26,6 +27,7 @@ TOML_FILE = "model.toml"
 MAX_BATCH_SIZE = 1024
 BATCHED_SIZES = (1, 2, 4, 8, 16)  # offered to a model whose every tensor has a batch axis
 MS_NS = 1_000_000
+DEFAULT_SIM_PROFILE = TINY_SIM.name  # what simulated executors run a model as by default
 
 
 class RepositoryError(Exception):
@@ -47,6 +49,7 @@ class ModelSettings:
     copies: int = ranged(1, 1, 65536)
     batch_sizes: tuple[int, ...] = ()
     default_slo_ms: float = ranged(100.0, 0.001, 3_600_000.0)
+    sim_profile: str = DEFAULT_SIM_PROFILE  # simulated executors: the built-in profile to run
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,7 @@ class ModelInfo:
     default_slo_ns: int
     copies: int
     group: str
+    sim_profile: str = DEFAULT_SIM_PROFILE
 
 
 def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> ModelInfo:
@@ -76,6 +80,7 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
         default_slo_ns=round(settings.default_slo_ms * MS_NS),
         copies=settings.copies,
         group=settings.group or name,
+        sim_profile=settings.sim_profile,
     )
 
 
@@ -129,6 +134,12 @@ def _check_settings(name: str, settings: ModelSettings) -> None:
         raise InvalidModel(f"model {name!r}: {TOML_FILE} says name = {settings.name!r}")
     if settings.group and not MODEL_NAME.match(settings.group):
         raise InvalidModel(f"model {name!r}: group {settings.group!r} is not a valid name")
+    if settings.sim_profile not in BUILTIN_PROFILES:
+        known = ", ".join(sorted(BUILTIN_PROFILES))
+        raise InvalidModel(
+            f"model {name!r}: sim_profile {settings.sim_profile!r} is not a built-in profile "
+            f"({known})"
+        )
     sizes = settings.batch_sizes
     if sizes and (list(sizes) != sorted(set(sizes)) or sizes[0] < 1 or sizes[-1] > MAX_BATCH_SIZE):
         raise InvalidModel(

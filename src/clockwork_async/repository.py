@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from clockwork_async.model_info import (
+    DEFAULT_SIM_PROFILE,
     MODEL_NAME,
     InvalidModel,
     ModelInfo,
@@ -95,6 +96,7 @@ class ModelEntry:
     default_slo_ns: int
     copies: int
     group: str
+    sim_profile: str = DEFAULT_SIM_PROFILE  # what simulated executors run it as
 
     @property
     def instances(self) -> tuple[str, ...]:

@@ -5,7 +5,7 @@ Invariants:
   ``NAME-{copies-1}``); ``_served`` maps folder -> entry and ``_instances`` instance ->
   RegisteredModel, and both change only together, under ``_lock``, which serialises every
   registration change (add, remove, rescan) so two never interleave.
-- No reply to ``submit`` says ``ok`` once its deadline has passed (it becomes ``late``).
+- Replies are the driver's outcomes as they are (the driver never says ``ok`` past a deadline).
 - Every reply is counted in the metrics exactly once, after the caller's ``on_reply``; labels
   come only from registered models (an unknown name counts as ``other``), so clients cannot
   grow label sets.
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from clockwork_async.api.service import Health, ServiceError, resolve_deadline_ns
-from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
 from clockwork_async.metrics import Metrics
 from clockwork_async.profile_cache import ProfileCache
@@ -47,7 +46,6 @@ from clockwork_async.wire.messages import ActionResult, ApiCode, ModelStatus
 log = logging.getLogger(__name__)
 
 NS_PER_S = 1e9
-MS_NS = 1_000_000
 DEFAULT_SLO_NS = 100_000_000  # for requests to a model that is not registered (rejected)
 UNKNOWN = "other"  # metric label of requests for unknown models
 
@@ -66,7 +64,7 @@ class Registration:
     """How the daemon registers repository models on its executors."""
 
     cache: ProfileCache
-    machine: str  # profile cache key: CPU, backend and runtime version
+    machine_for: Callable[[ModelEntry], str]  # profile cache key: CPU, backend, runtime, ...
     budget_bytes: int  # host weights, one copy per content hash
     path_for: Callable[[ModelEntry], str]  # what executors are told to register
 
@@ -119,7 +117,6 @@ class DaemonService:
         group = (served.group or model) if served is not None else UNKNOWN
 
         def reply(outcome: InferOutcome) -> None:
-            outcome = self._late_if_past(outcome, deadline_ns)
             try:
                 on_reply(outcome)
             finally:
@@ -129,16 +126,6 @@ class DaemonService:
 
     def cancel(self, request_id: int) -> None:
         self._driver.cancel(request_id)
-
-    def _late_if_past(self, outcome: InferOutcome, deadline_ns: int) -> InferOutcome:
-        """``outcome``, but ``late`` if it is ``ok`` and its deadline has passed: the core
-        judged by when execution ended, and the result may reach us after the deadline."""
-        late_ns = self._now_ns() - deadline_ns
-        if outcome.outcome is not Outcome.OK or late_ns <= 0:
-            return outcome
-        message = f"the result reached the daemon {late_ns / MS_NS:.3f} ms after the deadline"
-        log.warning("%s", message, extra=request_extra(outcome.request_id))
-        return dataclasses.replace(outcome, outcome=Outcome.LATE, message=message)
 
     def _observe(self, model: str, group: str, deadline_ns: int, outcome: InferOutcome) -> None:
         timing = outcome.timing_ns
@@ -364,14 +351,13 @@ class DaemonService:
         log.info("model %r unregistered", entry.name)
 
     def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
-        machine = self._registration.machine
+        machine = self._registration.machine_for(entry)
         return self._registration.cache.get(entry.sha256, machine, RegistrationProfile.from_json)
 
     def _store_profile(self, entry: ModelEntry, profile: RegistrationProfile) -> None:
+        machine = self._registration.machine_for(entry)
         try:
-            self._registration.cache.put(
-                entry.sha256, self._registration.machine, profile.to_json()
-            )
+            self._registration.cache.put(entry.sha256, machine, profile.to_json())
         except OSError as error:
             log.warning("profile of %r not cached: %s", entry.name, error)
 

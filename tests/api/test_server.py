@@ -415,3 +415,16 @@ async def test_a_second_answer_from_the_service_is_not_passed_on(server: ApiServ
     assert isinstance(second, Pong)
     assert server.outstanding == 0
     connection.close()
+
+
+async def test_a_start_that_cannot_bind_leaves_the_server_closed(
+    server: ApiServer, service: FakeService
+) -> None:
+    second = ApiServer(service)
+    with pytest.raises(OSError):
+        await second.start(server.address)  # taken by the fixture's server
+    assert second.state is ServerState.CLOSED and not second.accepting_requests
+    async with asyncio.timeout(5):  # a hang guard: nothing to drain, it returns at once
+        await second.close()
+    with pytest.raises(RuntimeError, match="CLOSED to STARTING"):
+        await second.start("127.0.0.1:0")

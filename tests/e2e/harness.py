@@ -32,7 +32,7 @@ SIM_EXECUTOR = """
 [[executors]]
 backend = "simulated"
 page_bytes = 1048576
-weights_bytes = 16777216
+weights_bytes = {weights_bytes}
 slowdown = {slowdown}
 """
 ORT_EXECUTOR = """
@@ -44,8 +44,9 @@ cpus = [{cpu}]
 """
 
 
-def sim_executor(slowdown: float = 1.0) -> str:
-    return SIM_EXECUTOR.format(slowdown=slowdown)
+def sim_executor(slowdown: float = 1.0, weights_bytes: int = 16 << 20) -> str:
+    """A simulated executor (counted pages only: its arena costs no memory)."""
+    return SIM_EXECUTOR.format(slowdown=slowdown, weights_bytes=weights_bytes)
 
 
 def ort_executor() -> str:
@@ -200,8 +201,9 @@ def _wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[s
     raise TimeoutError(f"the daemon did not serve within {timeout_s} s")
 
 
-def children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc; zombies are left out)."""
+def children(pid: int, *, zombies: bool = False) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc): live ones, and with ``zombies`` also
+    those that exited and were not waited for yet."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -210,7 +212,7 @@ def children(pid: int) -> list[int]:
             except OSError:
                 continue
             state, parent = stat.rpartition(")")[2].split()[:2]
-            if int(parent) == pid and state != "Z":  # a zombie has exited already
+            if int(parent) == pid and (zombies or state != "Z"):
                 found.append(int(entry.name))
     return found
 

@@ -33,7 +33,8 @@ from .harness import (
 
 MS_NS = 1_000_000
 SLO_MS = 2_000.0  # generous: the 2-core test machine is shared and noisy
-TINY_BYTES = len(build_tiny(0).SerializeToString())
+TINY_FILE = build_tiny(0).SerializeToString()
+TINY_BYTES = len(TINY_FILE)
 BUDGET_BYTES = TINY_BYTES + TINY_BYTES // 2  # room for one tiny file (any number of names)
 
 
@@ -46,7 +47,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     folder = tmp_path_factory.mktemp("sim-daemon")
     add_tiny(folder / "models")
     extra = f"weights_budget_bytes = {BUDGET_BYTES}"  # inside [repository]
-    config = write_config(folder, sim_executor(), extra=extra)
+    # 256 pages of 1 MiB: room for resnet50-v100 (98 pages) beside tiny-sim models.
+    config = write_config(folder, sim_executor(weights_bytes=256 << 20), extra=extra)
     process = DaemonProcess.start(folder, ["--config", str(config)])
     try:
         yield process
@@ -124,6 +126,19 @@ def test_copies_become_instances_sharing_one_file(client: Client) -> None:
     finally:
         client.remove_model("twin")
     assert not {"twin-0", "twin-1"} & {model.name for model in client.models()}
+
+
+def test_a_model_can_run_as_another_simulated_profile(client: Client) -> None:
+    status = client.add_model("resnet", TINY_FILE, 'sim_profile = "resnet50-v100"\n')
+    try:
+        assert status.inputs[0].shape == (-1, 3, 224, 224)  # the profile's, not the file's
+        image = np.full((1, 3, 224, 224), 9.0, np.float32)
+        result = client.infer("resnet", {"input": image}, slo_ms=SLO_MS)
+        assert result.ok and result.outputs["output"][0, 0] == 9.0
+        assert result.timing_ns["execute"] >= 2_000_000  # ResNet50 on a V100: 2.73 ms at b1
+        assert client.infer("tiny", row(4), slo_ms=SLO_MS).ok  # beside tiny-sim models
+    finally:
+        client.remove_model("resnet")
 
 
 def test_registration_over_the_weights_budget_fails_clearly(client: Client) -> None:

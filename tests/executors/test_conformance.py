@@ -190,13 +190,13 @@ async def test_load_infer_unload_takes_and_frees_the_same_pages(
 ) -> None:
     info = await _register(controller, executor)
     pages_total = controller.info.pages_total
-    loaded = await controller.result(lambda i: Load(i, info.model, 0, NEVER_NS))
+    loaded = await controller.action(lambda i: Load(i, info.model, 0, NEVER_NS))
     assert loaded.ok, loaded
     assert loaded.pages_free == pages_total - info.pages_needed
     assert loaded.durations_ns["load"] > 0 and loaded.start_ns <= loaded.end_ns
 
     for batch_size in (1, max(info.batch_sizes)):
-        result = await controller.result(_infer(info, batch_size))
+        result = await controller.action(_infer(info, batch_size))
         assert result.ok, result
         assert {"copy_in", "execute", "copy_out"} <= set(result.durations_ns)
         assert result.durations_ns["execute"] > 0
@@ -206,15 +206,15 @@ async def test_load_infer_unload_takes_and_frees_the_same_pages(
 
     state = await controller.call(lambda i: GetState(i))
     assert isinstance(state, State) and info.model in state.loaded
-    unloaded = await controller.result(lambda i: Unload(i, info.model))
+    unloaded = await controller.action(lambda i: Unload(i, info.model))
     assert unloaded.ok and unloaded.pages_free == pages_total
-    assert (await controller.result(_infer(info))).code == ErrorCode.NOT_LOADED
-    assert (await controller.result(lambda i: UnregisterModel(i, info.model))).ok
+    assert (await controller.action(_infer(info))).code == ErrorCode.NOT_LOADED
+    assert (await controller.action(lambda i: UnregisterModel(i, info.model))).ok
 
 
 async def test_windows_are_honoured(controller: Controller, executor: Running) -> None:
     info = await _register(controller, executor)
-    assert (await controller.result(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
+    assert (await controller.action(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
     offset_ns, _ = await controller.ping(samples=5)
     base_ns = time.monotonic_ns() + offset_ns + 20 * MS_NS
     earliest = [base_ns + k * 3 * MS_NS for k in (2, 0, 1)]
@@ -222,7 +222,7 @@ async def test_windows_are_honoured(controller: Controller, executor: Running) -
     for earliest_ns, result in zip(earliest, results, strict=True):
         assert isinstance(result, ActionResult) and result.ok, result
         assert result.start_ns >= earliest_ns
-    assert (await controller.result(lambda i: Unload(i, info.model))).ok
+    assert (await controller.action(lambda i: Unload(i, info.model))).ok
 
 
 async def test_too_late_is_rejected_without_running(
@@ -230,14 +230,14 @@ async def test_too_late_is_rejected_without_running(
 ) -> None:
     info = await _register(controller, executor)
     past_ns = time.monotonic_ns() - 10 * MS_NS
-    never_loaded = await controller.result(lambda i: Load(i, info.model, 0, past_ns))
+    never_loaded = await controller.action(lambda i: Load(i, info.model, 0, past_ns))
     assert (never_loaded.code, never_loaded.start_ns, never_loaded.durations_ns) == (
         ErrorCode.TOO_LATE,
         0,
         {},
     )
     assert never_loaded.pages_free == controller.info.pages_total
-    assert (await controller.result(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
+    assert (await controller.action(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
     # Two INFERs due at the same instant T, the second with the window [T, T]: the first
     # starts at or after T and takes time, so the second cannot start by T.
     due_ns = time.monotonic_ns() + 20 * MS_NS
@@ -247,7 +247,7 @@ async def test_too_late_is_rejected_without_running(
     assert isinstance(ran, ActionResult) and ran.ok and ran.start_ns >= due_ns
     assert isinstance(rejected, ActionResult) and rejected.code == ErrorCode.TOO_LATE
     assert (rejected.start_ns, rejected.durations_ns, rejected.outputs) == (0, {}, {})
-    assert (await controller.result(lambda i: Unload(i, info.model))).ok
+    assert (await controller.action(lambda i: Unload(i, info.model))).ok
 
 
 async def test_one_action_at_a_time_per_lane(controller: Controller, executor: Running) -> None:
@@ -265,18 +265,18 @@ async def test_one_action_at_a_time_per_lane(controller: Controller, executor: R
         # Ties on earliest run in order of arrival, each after the previous one ended.
         assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(spans))
     for model in (a.model, b.model):
-        assert (await controller.result(lambda i, m=model: Unload(i, m))).ok
+        assert (await controller.action(lambda i, m=model: Unload(i, m))).ok
 
 
 async def test_out_of_pages_is_named(controller: Controller, executor: Running) -> None:
     copies = controller.info.pages_total // (await _register(controller, executor)).pages_needed
     infos = [await _register(controller, executor) for _ in range(copies + 1)]
-    results = [await controller.result(lambda i, m=x.model: Load(i, m, 0, NEVER_NS)) for x in infos]
+    results = [await controller.action(lambda i, m=x.model: Load(i, m, 0, NEVER_NS)) for x in infos]
     assert all(r.ok for r in results[:copies]), results
     assert results[-1].code == ErrorCode.NO_PAGES and "pages" in results[-1].message
     assert results[-1].pages_free < infos[-1].pages_needed
     for info in infos[:copies]:
-        assert (await controller.result(lambda i, m=info.model: Unload(i, m))).ok
+        assert (await controller.action(lambda i, m=info.model: Unload(i, m))).ok
 
 
 async def test_unknown_models_are_named(controller: Controller, executor: Running) -> None:
@@ -286,9 +286,9 @@ async def test_unknown_models_are_named(controller: Controller, executor: Runnin
         lambda i: Unload(i, "ghost"),
         lambda i: UnregisterModel(i, "ghost"),
     ):
-        result = await controller.result(make)
+        result = await controller.action(make)
         assert result.code == ErrorCode.UNKNOWN_MODEL and "ghost" in result.message
-    bad = await controller.result(lambda i: RegisterModel(i, "bad", "/no/such/model.onnx"))
+    bad = await controller.action(lambda i: RegisterModel(i, "bad", "/no/such/model.onnx"))
     assert bad.code == ErrorCode.BAD_MODEL
 
 
@@ -296,7 +296,7 @@ async def test_bad_inputs_are_named_and_the_executor_serves_on(
     controller: Controller, executor: Running
 ) -> None:
     info = await _register(controller, executor)
-    assert (await controller.result(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
+    assert (await controller.action(lambda i: Load(i, info.model, 0, NEVER_NS))).ok
     good = dict(model_inputs(info, 1))
     name, array = next(iter(good.items()))
     cases = {
@@ -306,14 +306,14 @@ async def test_bad_inputs_are_named_and_the_executor_serves_on(
         "leading axis": {**good, name: np.concatenate([array, array])},
     }
     for expected, inputs in cases.items():
-        result = await controller.result(
+        result = await controller.action(
             lambda i, x=inputs: Infer(i, info.model, 1, x, 0, NEVER_NS)  # type: ignore[misc]
         )
         assert result.code == ErrorCode.BAD_INPUT and expected in result.message, result
-    wrong_batch = await controller.result(_infer(info, 3))
+    wrong_batch = await controller.action(_infer(info, 3))
     assert wrong_batch.code == ErrorCode.BAD_INPUT and "batch size 3" in wrong_batch.message
-    assert (await controller.result(_infer(info))).ok
-    assert (await controller.result(lambda i: Unload(i, info.model))).ok
+    assert (await controller.action(_infer(info))).ok
+    assert (await controller.action(lambda i: Unload(i, info.model))).ok
 
 
 # --- process-level behaviour (simulated backend only) ------------------------------------------
@@ -348,9 +348,9 @@ async def test_serves_over_tcp(tmp_path: Path) -> None:
         controller = await connect(process.address)
         info = await controller.call(lambda i: RegisterModel(i, "m", "tiny-sim"))
         assert isinstance(info, ModelInfo)
-        assert (await controller.result(lambda i: Load(i, "m", 0, NEVER_NS))).ok
-        assert (await controller.result(_infer(info, 2))).ok
-        assert (await controller.result(lambda i: Unload(i, "m"))).ok
+        assert (await controller.action(lambda i: Load(i, "m", 0, NEVER_NS))).ok
+        assert (await controller.action(_infer(info, 2))).ok
+        assert (await controller.action(lambda i: Unload(i, "m"))).ok
         await controller.close()
     finally:
         assert process.stop() == 0
@@ -362,7 +362,7 @@ async def test_sigterm_answers_queued_actions_and_exits_0(tmp_path: Path) -> Non
         controller = await connect(process.address)
         info = await controller.call(lambda i: RegisterModel(i, "m", "tiny-sim"))
         assert isinstance(info, ModelInfo)
-        assert (await controller.result(lambda i: Load(i, "m", 0, NEVER_NS))).ok
+        assert (await controller.action(lambda i: Load(i, "m", 0, NEVER_NS))).ok
         far_ns = time.monotonic_ns() + 3_600 * 1_000 * MS_NS
         queued = controller.send(_infer(info, 1, far_ns))
         assert isinstance(await controller.call(lambda i: GetState(i)), State)  # it arrived

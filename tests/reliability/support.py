@@ -36,6 +36,9 @@ EXECUTE_NS = {
 LOADS_NS = {SLOW_LOAD: LOAD_NS, SLOW_INFER: 2 * MS_NS}
 SIM_KIND = "sim"  # what simulated executors report as their kind
 NAMED_FAILURES = frozenset({Outcome.DROPPED, Outcome.FAILED})
+# A request whose SLO leaves room for one INFER only: the admission ledger may refuse it at
+# arrival (its batch could not grow before its deadline); accepted, it ends as a named failure.
+TIGHT_ENDINGS = NAMED_FAILURES | {Outcome.INFEASIBLE}
 FAST_RESTART = SupervisorConfig(backoff=BackoffConfig(initial_s=0.0, max_s=0.5, healthy_s=5.0))
 
 

@@ -27,6 +27,7 @@ from .support import (
     NAMED_FAILURES,
     SLOW_INFER,
     SLOW_LOAD,
+    TIGHT_ENDINGS,
     Replies,
     busy_executor,
     executor,
@@ -91,7 +92,7 @@ async def test_sigkill_during_infer_replans_its_running_requests(tmp_path: Path)
         await replies.wait_for(2, timeout_s=30.0)
         replies.check_each_answered_once()
         assert replies.outcome(roomy) is Outcome.OK  # on the other executor
-        assert replies.outcome(tight) in NAMED_FAILURES
+        assert replies.outcome(tight) in TIGHT_ENDINGS
         assert replies.outcomes[roomy].outputs["output"][0, 0] == 1.0  # its own row
         await wait_until(serving_again(driver, victim, restarts=1), "the restart")
 
@@ -159,7 +160,7 @@ async def test_hung_executor_during_infer_is_killed_restarted_and_replanned(
         await replies.wait_for(2, timeout_s=30.0)
         replies.check_each_answered_once()
         assert replies.outcome(roomy) is Outcome.OK
-        assert replies.outcome(tight) in NAMED_FAILURES
+        assert replies.outcome(tight) in TIGHT_ENDINGS
         await wait_until(serving_again(driver, victim, restarts=1), "the restart")
         assert supervisor.children[victim].pid != hung
         assert not Path(f"/proc/{hung}").exists()  # killed and reaped, not left stopped

@@ -11,8 +11,6 @@ serving again with the model it kept loaded.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +18,13 @@ from pathlib import Path
 import pytest
 
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.demo import start_executor
 from clockwork_async.runtime.driver import Driver
 from runtime.support import SIM_ARGS, ExecutorProcess, new_driver
 
 from .support import (
-    NAMED_FAILURES,
     SLOW_INFER,
+    TIGHT_ENDINGS,
     Replies,
     busy_executor,
     executor,
@@ -49,16 +48,8 @@ LINK = {
 
 def start_tcp_executor(name: str, profile_file: Path) -> ExecutorProcess:
     """A simulated executor on a free loopback TCP port; returns once it printed ``ready``."""
-    argv = [sys.executable, "-m", "clockwork_async.executors.main", *SIM_ARGS]
-    argv += ["--profile-file", str(profile_file), "--name", name, "--listen", "tcp:127.0.0.1:0"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("ready "):
-        process.kill()
-        process.wait()
-        raise RuntimeError(f"executor {name} did not start: {line!r}")
-    return ExecutorProcess(process, line.split()[1])
+    listen = ["--name", name, "--listen", "tcp:127.0.0.1:0"]
+    return start_executor([*SIM_ARGS, "--profile-file", str(profile_file), *listen])
 
 
 @dataclass
@@ -114,7 +105,7 @@ async def _fault_during_infer(setup: Setup, inject: str) -> None:
     await replies.wait_for(2, timeout_s=30.0)
     replies.check_each_answered_once()
     assert replies.outcome(roomy) is Outcome.OK  # re-planned onto the other executor
-    assert replies.outcome(tight) in NAMED_FAILURES
+    assert replies.outcome(tight) in TIGHT_ENDINGS
     state = executor(driver, victim)
     assert state.reconnects == 1 and state.restarts == 0
     assert SLOW_INFER in state.loaded  # the process kept its warm copy across the cut

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -13,8 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from clockwork_async import demo
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.demo import ExecutorProcess
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.driver import Driver, InferOutcome
 from clockwork_async.runtime.executor_link import LinkConfig
@@ -34,40 +34,10 @@ def new_driver(**link: float) -> Driver:
     return Driver(ControllerConfig(), runtime=quick_runtime(**link))
 
 
-@dataclass
-class ExecutorProcess:
-    """An executor subprocess started by a test; `stop` must be called (in a finally)."""
-
-    process: subprocess.Popen[str]
-    address: str
-
-    def stop(self) -> int:
-        """SIGTERM (SIGKILL after 10 s); returns the exit status."""
-        try:
-            if self.process.poll() is None:
-                self.process.terminate()
-                try:
-                    return self.process.wait(10)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
-            return self.process.wait()
-        finally:
-            if self.process.stdout is not None:
-                self.process.stdout.close()
-
-
 def start_executor(socket_path: Path, name: str, args: Sequence[str] = SIM_ARGS) -> ExecutorProcess:
-    """Start an executor listening on ``socket_path``; returns once it printed ``ready``."""
-    argv = [sys.executable, "-m", "clockwork_async.executors.main", *args]
-    argv += ["--name", name, "--listen", f"unix:{socket_path}"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    if not line.startswith("ready "):
-        process.kill()
-        process.wait()
-        raise RuntimeError(f"executor did not start: {line!r}")
-    return ExecutorProcess(process, line.split()[1])
+    """Start an executor listening on ``socket_path``; returns once it printed ``ready``
+    (`ExecutorProcess.stop` must be called, in a finally)."""
+    return demo.start_executor([*args, "--name", name, "--listen", f"unix:{socket_path}"])
 
 
 @dataclass

@@ -8,17 +8,30 @@ Tests assert outcomes, never timings.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from clockwork_async.core.config import ControllerConfig
+from clockwork_async.core.controller import Controller
+from clockwork_async.core.events import ActionFinished, Command, Event, Reply
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.driver import Driver, RegistrationError
+from clockwork_async.runtime.driver import Driver, InferOutcome, RegistrationError
 from clockwork_async.runtime.executor_link import LinkError
 
-from .support import Collector, ExecutorProcess, deadline_in, new_driver, sim_row, start_executor
+from .support import (
+    MS_NS,
+    Collector,
+    ExecutorProcess,
+    deadline_in,
+    new_driver,
+    quick_runtime,
+    sim_row,
+    start_executor,
+)
 
 SLO_MS = 1_000.0  # generous: a shared, noisy 2-core machine must still make every deadline
 
@@ -76,7 +89,7 @@ async def test_concurrent_submits_are_batched(driver: Driver) -> None:
         assert replies.outcomes[request_id].outputs["output"][0, 0] == value
     snapshot = driver.snapshot()
     assert snapshot.outcomes["ok"] == 64
-    assert snapshot.queue_depth == 0
+    assert (snapshot.outstanding, snapshot.queued, snapshot.running) == (0, 0, 0)
     (executor,) = snapshot.executors
     assert executor.up and executor.loaded == ("tiny",)
     assert executor.pages_used >= 1
@@ -207,5 +220,66 @@ async def test_registering_without_executors_fails() -> None:
     try:
         with pytest.raises(RegistrationError, match="no executor"):
             await driver.register_model("tiny", "tiny-sim")
+    finally:
+        await driver.close()
+
+
+async def test_queued_running_and_cold_starts_are_in_the_snapshot(driver: Driver) -> None:
+    replies = Collector()
+    for value in range(40):  # the model is not loaded after registration: a cold start
+        driver.submit("tiny", sim_row(value), deadline_ns=deadline_in(SLO_MS), on_reply=replies)
+    snapshot = driver.snapshot()
+    assert snapshot.outstanding == 40 and snapshot.queued + snapshot.running == 40
+    assert snapshot.queued >= 1  # no batch can hold all 40 rows
+    (model,) = snapshot.models
+    assert model.queued == snapshot.queued
+    assert snapshot.core_counters["cold_starts"] == 1
+    await replies.wait_for(40)
+    snapshot = driver.snapshot()
+    assert (snapshot.outstanding, snapshot.queued, snapshot.running) == (0, 0, 0)
+    assert snapshot.models[0].queued == 0 and snapshot.core_counters["cold_starts"] == 1
+
+
+class StallAfterJudging(Controller):
+    """The real core; after it judged a result, the controller's clock jumps ``stall_ns`` (as
+    when the loop stalls before the replies go out), so its ``ok`` is past the deadline by
+    the time the reply is delivered."""
+
+    def __init__(self, stall_ns: int) -> None:
+        super().__init__(ControllerConfig())
+        self.stall_ns = stall_ns
+        self.skew_ns = 0
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns() + self.skew_ns
+
+    def handle(self, event: Event, now_ns: int) -> list[Command]:
+        commands = super().handle(event, now_ns)
+        if isinstance(event, ActionFinished) and any(isinstance(c, Reply) for c in commands):
+            self.skew_ns += self.stall_ns
+        return commands
+
+
+async def test_an_ok_judged_in_time_but_delivered_late_is_late_everywhere(
+    executor: ExecutorProcess,
+) -> None:
+    core = StallAfterJudging(stall_ns=500 * MS_NS)
+    driver = Driver(
+        ControllerConfig(), now_ns=core.now_ns, runtime=quick_runtime(), controller=core
+    )
+    seen: list[InferOutcome] = []
+    driver.outcome_listeners.append(lambda _model, outcome: seen.append(outcome))
+    try:
+        await driver.attach_executor("sim", executor.address)
+        await driver.register_model("tiny", "tiny-sim")
+        replies = Collector()
+        deadline_ns = core.now_ns() + 200 * MS_NS  # ample for a 1 ms LOAD and 0.5 ms INFER
+        request = driver.submit("tiny", sim_row(3), deadline_ns=deadline_ns, on_reply=replies)
+        await replies.wait_for(1)
+        outcome = replies.outcomes[request]
+        assert outcome.outcome is Outcome.LATE and "after the deadline" in outcome.message
+        assert outcome.outputs["output"][0, 0] == 3  # a late answer keeps its outputs
+        assert [o.outcome for o in seen] == [Outcome.LATE]  # listeners (metrics) agree
+        assert driver.snapshot().outcomes == {"late": 1}  # and so do the counts
     finally:
         await driver.close()

@@ -6,7 +6,13 @@ import numpy as np
 
 from clockwork_async.core.events import Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.requests import ActionRecord, InferOutcome, PendingRequest, RequestBook
+from clockwork_async.runtime.requests import (
+    ActionRecord,
+    InferOutcome,
+    PendingRequest,
+    RequestBook,
+    late_if_past,
+)
 from clockwork_async.wire.messages import ActionResult, TensorSpec
 
 SPECS = (TensorSpec("x", "float32", (-1, 2)),)
@@ -113,3 +119,14 @@ def test_action_indexes_follow_the_book() -> None:
     unload.track_loaded(loaded, ActionResult(2))
     assert loaded == set()
     assert load.load_message(OFFSET_NS).earliest_ns == OFFSET_NS
+
+
+def test_only_an_ok_past_its_deadline_becomes_late_with_its_outputs() -> None:
+    outputs = {"y": np.ones((1, 2), np.float32)}
+    ok = InferOutcome(1, Outcome.OK, "", outputs, {"total": 5}, "e", 1)
+    assert late_if_past(ok, deadline_ns=1_000, now_ns=1_000) is ok  # at the deadline: in time
+    late = late_if_past(ok, deadline_ns=1_000, now_ns=1_001)
+    assert late.outcome is Outcome.LATE and late.outputs is outputs
+    assert late.message == "the result reached the daemon 0.000 ms after the deadline"
+    dropped = InferOutcome(2, Outcome.DROPPED, "no", {}, {}, None, 0)
+    assert late_if_past(dropped, deadline_ns=1_000, now_ns=9_000) is dropped

@@ -1,7 +1,9 @@
-"""Supervisor: default executor layout, command lines, a child that cannot start, clean stop."""
+"""Supervisor: default executor layout, command lines, a child that cannot start, clean stop,
+a stop while spawning."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
@@ -17,6 +19,7 @@ from clockwork_async.runtime.supervisor import (
     default_specs,
     pin_controller,
 )
+from e2e.harness import children
 
 
 def test_one_pinned_executor_per_cpu_after_the_controllers() -> None:
@@ -107,3 +110,24 @@ async def test_close_stops_every_child() -> None:
         os.kill(pid, 0)
     assert supervisor.children["s"].process is not None
     assert supervisor.children["s"].process.returncode == 0  # SIGTERM: a clean exit
+
+
+@pytest.mark.parametrize("iterations", [0, 1, 2, 3, 5, 8])
+async def test_a_start_cancelled_while_spawning_leaves_no_process_after_close(
+    iterations: int,
+) -> None:
+    before = set(children(os.getpid(), zombies=True))
+    specs = [ExecutorSpec(f"s{i}", backend="simulated", weights_bytes=1 << 24) for i in range(2)]
+    supervisor = Supervisor(specs, SupervisorConfig(stop_timeout_s=5.0))
+    start = asyncio.ensure_future(supervisor.start())
+    for _ in range(iterations):  # cancel somewhere inside the spawn: before, in or after exec
+        await asyncio.sleep(0)
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    await supervisor.close()
+    # Every process it created was tracked, stopped and waited for: none is left, not even
+    # as a zombie that someone else would reap later.
+    assert set(children(os.getpid(), zombies=True)) <= before
+    for child in supervisor.children.values():
+        assert child.process is None or child.process.returncode is not None

@@ -23,18 +23,12 @@ import time
 from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 
 from clockwork_async.api.service import Health
-from clockwork_async.connection import (
-    Connection,
-    ConnectionClosed,
-    UnixAddress,
-    _WireProtocol,
-    parse_address,
-)
+from clockwork_async.connection import Connection, ConnectionClosed, open_connection
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
@@ -66,7 +60,9 @@ __all__ = [
     "AsyncClient",
     "ClientError",
     "ConnectError",
+    "ConnectOptions",
     "ConnectionClosedError",
+    "Deadline",
     "Health",
     "InferResult",
     "ModelStatus",
@@ -75,6 +71,24 @@ __all__ = [
 
 DEFAULT_ADDRESS = "127.0.0.1:7470"
 _Reply = InferReply | ModelsReply | StatsReply | HealthReply
+
+
+class ConnectOptions(TypedDict, total=False):
+    """How `AsyncClient.connect` and `client.Client` connect; every key may be left out."""
+
+    token: str  # the daemon's infer or admin token; default "" (no authentication)
+    ssl: ssl_module.SSLContext | None  # TLS (`api.auth.client_ssl_context`); default None
+    server_hostname: str | None  # the name the certificate must carry; default: the host
+    name: str  # this client's name in the daemon's logs; default "python-client"
+    max_frame_bytes: int  # the largest frame accepted; default DEFAULT_LIMITS.max_tail_bytes
+
+
+class Deadline(TypedDict, total=False):
+    """When an infer is due: ``slo_ms`` after it reaches the daemon, or at
+    ``deadline_unix_ns`` (Unix time); neither: the model's default SLO."""
+
+    slo_ms: float | None
+    deadline_unix_ns: int | None
 
 
 class ClientError(Exception):
@@ -196,18 +210,19 @@ class AsyncClient:
         cls,
         address: str = DEFAULT_ADDRESS,
         *,
-        token: str = "",
-        ssl: ssl_module.SSLContext | None = None,
-        server_hostname: str | None = None,
-        name: str = "python-client",
-        max_frame_bytes: int = DEFAULT_LIMITS.max_tail_bytes,
         timeout_s: float = 10.0,
+        **options: Unpack[ConnectOptions],
     ) -> AsyncClient:
-        """Connect and exchange hellos. Raises ConnectError; ValueError for a bad address."""
-        limits = Limits(max_tail_bytes=max_frame_bytes)
+        """Connect and exchange hellos within ``timeout_s`` (`ConnectOptions` says the rest).
+        Raises ConnectError; ValueError for a bad address."""
+        limits = Limits(
+            max_tail_bytes=options.get("max_frame_bytes", DEFAULT_LIMITS.max_tail_bytes)
+        )
+        hello = (options.get("token", ""), options.get("name", "python-client"))
+        tls = (options.get("ssl"), options.get("server_hostname"))
         try:
             connection, server = await asyncio.wait_for(
-                _open(address, limits, token, name, ssl, server_hostname), timeout_s
+                _open(address, limits, *hello, *tls), timeout_s
             )
         except TimeoutError:
             raise ConnectError("timeout", f"no answer from {address} in {timeout_s:g} s") from None
@@ -218,33 +233,23 @@ class AsyncClient:
     # --- infer --------------------------------------------------------------------------------
 
     def start_infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        slo_ms: float | None = None,
-        deadline_unix_ns: int | None = None,
+        self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> PendingInfer:
         """Send an infer now, without waiting (open-loop senders use this). The inputs go out
         without a copy: do not change them until the result is in. Raises
         ConnectionClosedError, and EncodeError (a ValueError) for inputs the wire cannot carry."""
         request_id = next(self._ids)
+        slo_ms, deadline_unix_ns = deadline.get("slo_ms"), deadline.get("deadline_unix_ns")
         request = InferRequest(request_id, model, inputs, slo_ms, deadline_unix_ns)
         return PendingInfer(self, request_id, self._call(request_id, request))
 
     async def infer(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        slo_ms: float | None = None,
-        deadline_unix_ns: int | None = None,
+        self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> InferResult:
         """Run ``model`` on one row of every input; returns the daemon's answer whatever its
         status (check ``.ok``). Raises ConnectionClosedError."""
         await self._drain()
-        pending = self.start_infer(model, inputs, slo_ms=slo_ms, deadline_unix_ns=deadline_unix_ns)
-        return await pending
+        return await self.start_infer(model, inputs, **deadline)
 
     async def cancel(self, request_id: int) -> None:
         """Cancel an infer in flight by its id (see `PendingInfer.request_id`)."""
@@ -424,22 +429,8 @@ async def _open(
 ) -> tuple[Connection, str]:
     """A connection whose hello exchange succeeded, and the daemon's name. Raises
     ConnectError, OSError, ValueError."""
-    parsed = parse_address(address)
-    connection = Connection(limits)  # the daemon may answer with an Error instead of a Hello
-    loop = asyncio.get_running_loop()
-    if isinstance(parsed, UnixAddress):
-        await loop.create_unix_connection(
-            lambda: _WireProtocol(connection), parsed.path, ssl=ssl, server_hostname=server_hostname
-        )
-    else:
-        hostname = server_hostname if server_hostname is not None or ssl is None else parsed.host
-        await loop.create_connection(
-            lambda: _WireProtocol(connection),
-            parsed.host,
-            parsed.port,
-            ssl=ssl,
-            server_hostname=hostname,
-        )
+    # The daemon may answer with an Error instead of a Hello: no hello check in the decoder.
+    connection = await open_connection(address, limits, ssl=ssl, server_hostname=server_hostname)
     try:
         return connection, await _handshake(connection, token, name)
     except BaseException:

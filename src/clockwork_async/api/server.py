@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import Service
@@ -37,8 +37,8 @@ from clockwork_async.connection import (
     ConnectionClosed,
     ConnectionState,
     UnixAddress,
-    _WireProtocol,
     parse_address,
+    start_server,
 )
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
@@ -106,13 +106,15 @@ def auth_from_config(server: ServerConfig) -> TokenAuth:
 
 class ServerState(Enum):
     NEW = "new"
+    STARTING = "starting"  # binding the listener
     SERVING = "serving"
     CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
-    CLOSED = "closed"
+    CLOSED = "closed"  # closed, or the listener could not be bound
 
 
 _TRANSITIONS = {
-    ServerState.NEW: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.NEW: (ServerState.STARTING, ServerState.CLOSED),
+    ServerState.STARTING: (ServerState.SERVING, ServerState.CLOSED),
     ServerState.SERVING: (ServerState.CLOSING,),
     ServerState.CLOSING: (ServerState.CLOSED,),
     ServerState.CLOSED: (),
@@ -146,6 +148,7 @@ class ApiServer:
         self._idle = asyncio.Event()  # set while nothing is outstanding
         self._idle.set()
         self._closed = asyncio.Event()
+        self._start_done = asyncio.Event()
         self.outstanding = 0
         self.refused: dict[str, int] = {}  # connections refused, by error code
 
@@ -183,22 +186,45 @@ class ApiServer:
 
     async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
         """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
-        picks one, see `address`). Raises ValueError for a bad address, OSError if busy."""
-        self._enter(ServerState.SERVING)
+        picks one, see `address`). Raises ValueError for a bad address, OSError if busy; the
+        server is then CLOSED (`close` returns at once). Raises RuntimeError unless NEW."""
+        self._enter(ServerState.STARTING)
+        try:
+            self._listener = await self._listen(address, ssl)
+        except BaseException:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            raise
+        else:
+            self._enter(ServerState.SERVING)
+        finally:
+            self._start_done.set()
+
+    async def _listen(self, address: str, ssl: ssl_module.SSLContext | None) -> asyncio.Server:
         parsed = parse_address(address)
-        loop = asyncio.get_running_loop()
+        listener = await start_server(
+            self._serve,
+            address,
+            self._wire_limits,
+            expect_hello=True,
+            max_queued_messages=self.limits.max_queued_messages,
+            max_queued_bytes=self.limits.max_frame_bytes,
+            write_high_water_bytes=self.limits.max_write_buffer_bytes,
+            ssl=ssl,
+        )
         if isinstance(parsed, UnixAddress):
-            self._listener = await loop.create_unix_server(self._protocol, parsed.path, ssl=ssl)
             self._address = str(parsed)
-            return
-        self._listener = await loop.create_server(self._protocol, parsed.host, parsed.port, ssl=ssl)
-        host, port = self._listener.sockets[0].getsockname()[:2]
-        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        else:
+            host, port = listener.sockets[0].getsockname()[:2]
+            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return listener
 
     async def close(self, timeout_s: float | None = None) -> None:
         """Stop accepting; let in-flight requests finish for up to ``timeout_s`` (default
         ``drain_timeout_s``) while new ones are answered ``shutting_down``; then close every
         connection, flushing replies for up to ``flush_timeout_s``."""
+        if self._state is ServerState.STARTING:
+            await self._start_done.wait()  # then close what it started, or nothing
         if self._state in (ServerState.CLOSING, ServerState.CLOSED):
             await self._closed.wait()
             return
@@ -271,22 +297,11 @@ class ApiServer:
 
     # --- connections ------------------------------------------------------------------------
 
-    def _protocol(self) -> _WireProtocol:
-        connection = Connection(
-            self._wire_limits,
-            expect_hello=True,
-            max_queued_messages=self.limits.max_queued_messages,
-            max_queued_bytes=self.limits.max_frame_bytes,
-        )
-        high_water_bytes = self.limits.max_write_buffer_bytes
-        return _ApiProtocol(connection, lambda: self._spawn(connection), high_water_bytes)
-
-    def _spawn(self, connection: Connection) -> None:
-        task = asyncio.get_running_loop().create_task(self._serve(connection))
-        self._handlers[connection] = task
-        task.add_done_callback(lambda _task: self._handlers.pop(connection, None))
-
     async def _serve(self, connection: Connection) -> None:
+        """One client connection, from hello to close (run by `start_server` in its task)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers[connection] = task
         try:
             await self._handle(connection)
         except ConnectionClosed:
@@ -298,6 +313,7 @@ class ApiServer:
             log.exception("client connection handler failed (peer %r)", connection.peername)
         finally:
             connection.close()
+            self._handlers.pop(connection, None)
 
     async def _handle(self, connection: Connection) -> None:
         if len(self._handlers) > self.limits.max_connections:
@@ -342,20 +358,3 @@ class ApiServer:
         self.refused[str(code)] = self.refused.get(str(code), 0) + 1
         if connection.state is ConnectionState.OPEN:
             connection.send(Error(code=str(code), message=message))
-
-
-class _ApiProtocol(_WireProtocol):
-    """The wire protocol with the transport's write buffer bounded as the limits say: above
-    ``high_water_bytes`` of unsent replies the session reads no more requests (a slow reader),
-    and it resumes once the buffer is down to a quarter of that."""
-
-    def __init__(
-        self, connection: Connection, on_made: Callable[[], None], high_water_bytes: int
-    ) -> None:
-        super().__init__(connection, on_made)
-        self._high_water_bytes = high_water_bytes
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        high = self._high_water_bytes
-        cast(asyncio.WriteTransport, transport).set_write_buffer_limits(high, high // 4)
-        super().connection_made(transport)

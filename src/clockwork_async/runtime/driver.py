@@ -11,6 +11,9 @@ Invariants:
 - Each submitted request's ``on_reply`` is called exactly once: an accepted request leaves the
   book before its callback runs, and every answer (core Reply, rejection at submit, drain,
   close) goes through `_deliver`.
+- No answer says ``ok`` once its deadline has passed: `_deliver` turns such an ``ok`` into
+  ``late`` (`requests.late_if_past`) before it is counted, passed to listeners or the caller,
+  so snapshot counts, metrics and replies agree.
 - Events reach the core one at a time, in order (`dispatch.CoreRunner`).
 - An executor whose link goes down is reported to the core as ExecutorLeft exactly once per
   join; the core resolves its outstanding actions (re-planned or answered), and the driver
@@ -52,6 +55,7 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.logs import request_extra
 from clockwork_async.runtime.batching import BadInput, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.dispatch import CoreRunner
@@ -70,6 +74,7 @@ from clockwork_async.runtime.requests import (
     InferOutcome,
     PendingRequest,
     RequestBook,
+    late_if_past,
 )
 from clockwork_async.runtime.snapshot import (
     DriverSnapshot,
@@ -304,7 +309,8 @@ class Driver:
             self._feed(RequestCancelled(request_id))
 
     def _reject(self, request: PendingRequest, outcome: Outcome, message: str) -> None:
-        self._deliver(request, self._book.rejection(request, outcome, message, self._now_ns()))
+        now_ns = self._now_ns()
+        self._deliver(request, self._book.rejection(request, outcome, message, now_ns), now_ns)
 
     # --- the core ------------------------------------------------------------------------------
 
@@ -403,12 +409,18 @@ class Driver:
         if request is None:
             log.debug("reply to unknown request %d (%s) ignored", reply.request_id, reply.outcome)
             return 0
-        outcome = self._book.outcome(request, reply, self._now_ns())
+        now_ns = self._now_ns()
+        outcome = self._book.outcome(request, reply, now_ns)
         started_ns = time.perf_counter_ns()
-        self._deliver(request, outcome)
+        self._deliver(request, outcome, now_ns)
         return time.perf_counter_ns() - started_ns
 
-    def _deliver(self, request: PendingRequest, outcome: InferOutcome) -> None:
+    def _deliver(self, request: PendingRequest, outcome: InferOutcome, now_ns: int) -> None:
+        """The one way out for an answer, read at ``now_ns``: never ``ok`` past its deadline."""
+        judged = late_if_past(outcome, request.deadline_ns, now_ns)
+        if judged is not outcome:
+            log.warning("%s", judged.message, extra=request_extra(request.request_id))
+            outcome = judged
         self._book.count(outcome.outcome)
         _call_quietly(request.on_reply, outcome)
         _call_all(self.outcome_listeners, request.model, outcome)
@@ -441,7 +453,8 @@ class Driver:
 
     def _answer_all(self, outcome: Outcome, message: str) -> None:
         for request in self._book.pop_all_requests():
-            self._deliver(request, self._book.rejection(request, outcome, message, self._now_ns()))
+            now_ns = self._now_ns()
+            self._deliver(request, self._book.rejection(request, outcome, message, now_ns), now_ns)
             self._feed(RequestCancelled(request.request_id))  # the core forgets it
 
     async def close(self) -> None:
@@ -457,20 +470,24 @@ class Driver:
     # --- observation ---------------------------------------------------------------------------
 
     def snapshot(self) -> DriverSnapshot:
-        """Executors, models, queue depth, outcome counts, prediction errors, loop lag, cost."""
+        """Executors, models, queued/running requests, outcome and core counts, prediction
+        errors, loop lag, cost."""
         submitted = self._book.submitted
+        core = self._runner.controller
+        records = self._pool.records.values()
+        queued = core.queue_depth()
         return DriverSnapshot(
             state=self._state.value,
-            executors=tuple(
-                r.snapshot(len(self._book.actions_of(r.executor_id)))
-                for r in self._pool.records.values()
-            ),
+            executors=tuple(r.snapshot(len(self._book.actions_of(r.executor_id))) for r in records),
             models=tuple(
-                model_snapshot(m, self._pool.records.values()) for m in self._models.values()
+                model_snapshot(m, records, core.queue_depth(m.name)) for m in self._models.values()
             ),
-            queue_depth=self._book.request_count,
+            outstanding=self._book.request_count,
+            queued=queued,
+            running=core.pending() - queued,
             submitted=submitted,
             outcomes=dict(self._book.outcomes),
+            core_counters=dict(core.stats(with_executors=False).counters),
             prediction_errors=self._prediction_errors.snapshot(),
             loop_lag=self._lag.stats(),
             timer=self._timer.stats(),

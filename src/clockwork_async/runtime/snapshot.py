@@ -42,6 +42,7 @@ class ModelSnapshot:
     batch_sizes: tuple[int, ...]
     weights_pages: int
     loaded_on: tuple[str, ...]
+    queued: int = 0  # its requests waiting in the core's queue (not sent to an executor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,12 @@ class DriverSnapshot:
     state: str
     executors: tuple[ExecutorSnapshot, ...]
     models: tuple[ModelSnapshot, ...]
-    queue_depth: int  # requests accepted and not answered yet
+    outstanding: int  # requests accepted and not answered yet
+    queued: int  # waiting in the core's queues: not in a batch sent to an executor yet
+    running: int  # in a batch sent to an executor, not answered yet
     submitted: int  # requests handed to the core
     outcomes: Mapping[str, int]  # outcome value -> count, rejections included
+    core_counters: Mapping[str, int]  # the core's counts: infers, loads, cold_starts, ...
     prediction_errors: PredictionErrorStats
     loop_lag: LagStats
     timer: TimerStats
@@ -143,8 +147,12 @@ class ExecutorRecord:
         )
 
 
-def model_snapshot(model: RegisteredModel, records: Iterable[ExecutorRecord]) -> ModelSnapshot:
-    """A model and the executors it is loaded on."""
+def model_snapshot(
+    model: RegisteredModel, records: Iterable[ExecutorRecord], queued: int = 0
+) -> ModelSnapshot:
+    """A model, the executors it is loaded on and how many of its requests are queued."""
     loaded_on = tuple(r.executor_id for r in records if model.name in r.loaded)
     group = model.group or model.name
-    return ModelSnapshot(model.name, group, model.batch_sizes, model.weights_pages, loaded_on)
+    return ModelSnapshot(
+        model.name, group, model.batch_sizes, model.weights_pages, loaded_on, queued
+    )

@@ -7,7 +7,9 @@ supervisor's run folder; it is ready when it prints ``ready <address>``. A proce
 address again so the controller reconnects at once.
 
 States of one child: ``STARTING -> RUNNING -> BACKING_OFF -> STARTING ...``, ``-> STOPPED``
-once the supervisor closes. Invariant: after ``close`` no child process is left running (SIGTERM,
+once the supervisor closes. Invariants: every process created is recorded as its child's
+``process`` even when the spawn awaiting it is cancelled (a stop during a start), and none is
+created once ``close`` began; so after ``close`` no child process is left running (SIGTERM,
 then SIGKILL after ``stop_timeout_s``), and each is waited for.
 """
 
@@ -22,7 +24,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -80,19 +82,25 @@ def default_specs(
     return [replace(base, name=f"cpu{cpu}", cpus=(cpu,)) for cpu in available[1:] or available[:1]]
 
 
-def controller_cpu(cpus: Sequence[int] | None = None) -> int:
-    """The CPU `default_specs` leaves to the controller."""
-    return min(os.sched_getaffinity(0) if cpus is None else cpus)
+def controller_cpu(cpus: Sequence[int] | None = None, *, taken: Iterable[int] = ()) -> int:
+    """The lowest of ``cpus`` (default: this process's CPUs) not in ``taken`` (CPUs executors
+    are pinned to), else the lowest: with no ``taken``, the CPU `default_specs` leaves to the
+    controller. Raises ValueError for no CPU."""
+    available = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if not available:
+        raise ValueError("no CPU to run the controller on")
+    busy = set(taken)
+    return next((cpu for cpu in available if cpu not in busy), available[0])
 
 
-def pin_controller(cpus: Sequence[int] | None = None) -> int:
-    """Pin this process (the controller) to `controller_cpu`, away from the executors; returns
-    the CPU. Unpinned, the controller can land on an executor's CPU, and each action's socket
-    write then hands that CPU to the executor it woke (measured: ~5x the cost of a send).
-    Call it after `default_specs` (which reads this process's CPUs): executors spawned later
-    inherit the pin unless their spec names CPUs (the default specs do).
-    Raises OSError if the affinity cannot be set."""
-    cpu = controller_cpu(cpus)
+def pin_controller(cpus: Sequence[int] | None = None, *, taken: Iterable[int] = ()) -> int:
+    """Pin the calling thread (the controller's event loop) and the threads it starts later
+    to `controller_cpu`, away from the executors; returns the CPU. Unpinned, the controller
+    can land on an executor's CPU, and each action's socket write then hands that CPU to the
+    executor it woke (measured: ~5x the cost of a send). Call it after `default_specs` (which
+    reads this process's CPUs): executors spawned later inherit the pin unless their spec
+    names CPUs (the default specs do). Raises OSError if the affinity cannot be set."""
+    cpu = controller_cpu(cpus, taken=taken)
     os.sched_setaffinity(0, {cpu})
     return cpu
 
@@ -170,6 +178,7 @@ class Supervisor:
             for spec in specs
         }
         self._closing = False
+        self._creating: set[asyncio.Task[asyncio.subprocess.Process]] = set()
 
     async def start(self) -> dict[str, str]:
         """Start every executor and wait until all are ready; returns name -> address.
@@ -207,6 +216,7 @@ class Supervisor:
         for watcher in watchers:
             watcher.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
+        await asyncio.gather(*self._creating, return_exceptions=True)  # record their processes
         await asyncio.gather(*(self._stop(child) for child in self.children.values()))
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -215,20 +225,13 @@ class Supervisor:
 
     async def _spawn(self, child: Child) -> None:
         """Start ``child`` and wait for its ``ready`` line. Raises SupervisorError."""
+        if self._closing:
+            raise SupervisorError(f"executor {child.spec.name}: the supervisor is closing")
         child.state = ChildState.STARTING
         child.starts += 1
         socket_path = Path(child.listen.removeprefix("unix:"))
         socket_path.unlink(missing_ok=True)
-        env = {**os.environ, TOKEN_ENV: child.spec.token}
-        argv = child.spec.argv(child.listen, self.config.python)
-        argv += ["--log-level", self.config.log_level]
-        child.process = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,  # a terminal's ^C reaches the daemon, which stops these
-        )
+        child.process = await asyncio.shield(self._create_process(child))
         try:
             child.address = await asyncio.wait_for(
                 self._read_ready(child), self.config.ready_timeout_s
@@ -243,6 +246,32 @@ class Supervisor:
         child.state = ChildState.RUNNING
         child.backoff.started(time.monotonic())
         log.info("executor %s ready at %s (pid %d)", child.spec.name, child.address, child.pid)
+
+    def _create_process(self, child: Child) -> asyncio.Task[asyncio.subprocess.Process]:
+        """Start ``child``'s process in a task of its own that records it as
+        ``child.process`` when created, even if the spawn awaiting it was cancelled meanwhile
+        (`close` waits for these tasks, then stops what they created)."""
+        env = {**os.environ, TOKEN_ENV: child.spec.token}
+        argv = child.spec.argv(child.listen, self.config.python)
+        argv += ["--log-level", self.config.log_level]
+        creating = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                env=env,
+                start_new_session=True,  # a terminal's ^C reaches the daemon, which stops these
+            )
+        )
+        self._creating.add(creating)
+
+        def record(task: asyncio.Task[asyncio.subprocess.Process]) -> None:
+            self._creating.discard(task)
+            if not task.cancelled() and task.exception() is None:
+                child.process = task.result()
+
+        creating.add_done_callback(record)
+        return creating
 
     async def _read_ready(self, child: Child) -> str:
         assert child.process is not None and child.process.stdout is not None
