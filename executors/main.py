@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import dataclasses
 import hmac
 import logging
@@ -62,6 +63,8 @@ MIB = 1 << 20
 DEFAULT_PAGE_BYTES = 16 * MIB
 DEFAULT_ORT_WEIGHTS_BYTES = 256 * MIB  # 16 pages: room for every demo model many times over
 HELLO_TIMEOUT_S = 10.0
+PARENT_PID_ENV = "CLOCKWORK_EXECUTOR_PARENT_PID"  # set by the daemon's supervisor
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _SIZE_PATTERN = re.compile(r"(\d+(?:\.\d*)?)\s*([kmg]i?b?|b)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1 << 10, "mi": MIB}
 _SIZE_UNITS["gi"] = 1 << 30
@@ -384,12 +387,27 @@ def _pin(cpus: tuple[int, ...]) -> None:
             os.sched_setaffinity(tid, cpus)
 
 
+def _die_with_parent() -> None:
+    """When a supervisor names itself in ``$CLOCKWORK_EXECUTOR_PARENT_PID``, ask the kernel for
+    SIGTERM (a clean drain) when it dies, so a crashed daemon leaves no executor holding its
+    memory. Raises OSError if that parent is already gone."""
+    expected = os.environ.get(PARENT_PID_ENV, "")
+    if not expected.isdigit() or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != int(expected):  # it died before the prctl took effect
+        raise OSError(f"the supervising process {expected} is gone")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run an executor until SIGTERM/SIGINT. Returns 0 after a clean drain, 2 on bad
     configuration, 1 if serving failed."""
     config, log_level = parse_config(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr)
     try:
+        _die_with_parent()
         _pin(config.cpus)  # before the backend and lanes start their threads
         backend = BACKENDS[config.backend](config)
     except (OSError, ValueError, BackendError) as error:

@@ -41,9 +41,9 @@ MiB = 1 << 20
 GiB = 1 << 30
 DEFAULT_SERVER_LISTEN = Address("127.0.0.1", 7470)
 DEFAULT_METRICS_LISTEN = Address("127.0.0.1", 9470)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*$")
-_TOKEN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
+_TOKEN = re.compile(r"^[\x21-\x7e]+\Z")  # printable ASCII, no spaces
 
 
 class LogFormat(StrEnum):
@@ -138,7 +138,7 @@ class RemoteExecutorConfig:
 
 ExecutorConfig = LocalExecutorConfig | RemoteExecutorConfig
 BACKENDS = frozenset({"onnxruntime", "simulated"})
-_DEVICE = re.compile(r"^(cpu|sim|cuda:[0-9]{1,2})$")
+_DEVICE = re.compile(r"^(cpu|sim|cuda:[0-9]{1,2})\Z")
 
 
 @dataclass(frozen=True, slots=True)

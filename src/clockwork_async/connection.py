@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_QUEUED_MESSAGES = 256
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # a silent TLS peer must not hold a slot for 60 s
 
 
 class ConnectionClosed(Exception):
@@ -441,9 +442,15 @@ async def start_server(
         return _WireProtocol(connection, lambda: _spawn(tasks, handler, connection))
 
     loop = asyncio.get_running_loop()
+    # A silent TLS peer must not hold a connection slot for asyncio's default 60 s.
+    handshake_s = TLS_HANDSHAKE_TIMEOUT_S if ssl is not None else None
     if isinstance(parsed, UnixAddress):
-        return await loop.create_unix_server(protocol, parsed.path, ssl=ssl)
-    return await loop.create_server(protocol, parsed.host, parsed.port, ssl=ssl)
+        return await loop.create_unix_server(
+            protocol, parsed.path, ssl=ssl, ssl_handshake_timeout=handshake_s
+        )
+    return await loop.create_server(
+        protocol, parsed.host, parsed.port, ssl=ssl, ssl_handshake_timeout=handshake_s
+    )
 
 
 def _spawn(tasks: set[asyncio.Task[None]], handler: Handler, connection: Connection) -> None:

@@ -23,8 +23,8 @@ from prometheus_client.exposition import choose_encoder
 
 log = logging.getLogger(__name__)
 
-_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
-_TARGET = re.compile(rb"^/[\x21-\x7e]*$")
+_TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_TARGET = re.compile(rb"^/[\x21-\x7e]*\Z")
 _VERSIONS = (b"HTTP/1.0", b"HTTP/1.1")
 _REASONS = {
     200: "OK",

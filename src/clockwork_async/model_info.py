@@ -22,7 +22,7 @@ from clockwork_async.config_fields import ConfigError, Raw, build_section, range
 from clockwork_async.sim.profiles import BUILTIN_PROFILES, TINY_SIM
 from clockwork_async.wire.messages import TensorSpec
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 TOML_FILE = "model.toml"
 MAX_BATCH_SIZE = 1024
 BATCHED_SIZES = (1, 2, 4, 8, 16)  # offered to a model whose every tensor has a batch axis

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 log = logging.getLogger(__name__)
 
 CACHE_FORMAT_VERSION = 1
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}\Z")
 T = TypeVar("T")
 
 

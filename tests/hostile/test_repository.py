@@ -112,12 +112,6 @@ def test_hostile_model_names_are_refused_by_name(
     assert served(admin) == {"tiny"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MODEL_NAME (model_info.py) ends in '$', which re.match also matches before a "
-    "trailing newline, so 'tiny\\n' passes _check_name (repository.py) and becomes a folder "
-    "and a model name with a newline in it (logs, metrics labels); use fullmatch or '\\Z'",
-)
 def test_a_name_with_a_trailing_newline_is_refused(daemon: DaemonProcess, admin: Client) -> None:
     try:
         with pytest.raises(ApiError) as added:

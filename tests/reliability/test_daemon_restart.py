@@ -110,15 +110,6 @@ def test_a_crash_fails_calls_in_flight_and_a_restart_serves_from_the_repository(
     assert "profiled" not in again.log()  # the cached profile was used
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "runtime/supervisor.py Supervisor._create_process starts executors with "
-        "start_new_session=True and nothing ties their life to the daemon's (no "
-        "PR_SET_PDEATHSIG in executors/main.py, no pipe whose EOF they watch): after the "
-        "daemon is SIGKILLed outside systemd its executors keep running, holding their arenas"
-    ),
-)
 def test_executors_do_not_outlive_a_crashed_daemon(folder: Path) -> None:
     daemon = _start(folder)
     executors = children(daemon.pid)

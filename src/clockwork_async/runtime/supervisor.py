@@ -34,6 +34,7 @@ from clockwork_async.runtime.backoff import Backoff, BackoffConfig
 log = logging.getLogger(__name__)
 
 MIB = 1 << 20
+PARENT_PID_ENV = "CLOCKWORK_EXECUTOR_PARENT_PID"
 TOKEN_ENV = "CLOCKWORK_EXECUTOR_TOKEN"  # read by the executor; argv would show it in ps
 
 
@@ -251,7 +252,8 @@ class Supervisor:
         """Start ``child``'s process in a task of its own that records it as
         ``child.process`` when created, even if the spawn awaiting it was cancelled meanwhile
         (`close` waits for these tasks, then stops what they created)."""
-        env = {**os.environ, TOKEN_ENV: child.spec.token}
+        # The executor asks for SIGTERM when this process dies (executors/main.py).
+        env = {**os.environ, TOKEN_ENV: child.spec.token, PARENT_PID_ENV: str(os.getpid())}
         argv = child.spec.argv(child.listen, self.config.python)
         argv += ["--log-level", self.config.log_level]
         creating = asyncio.ensure_future(
