@@ -114,13 +114,26 @@ def test_executor_leaving_fails_requests_nobody_can_serve_in_time() -> None:
     h.request(2, "a", 100 * MS)  # runs second
     h.request(3, "a", 100 * MS)  # queued, not on the executor: stays queued
     h.at(1 * MS, ExecutorLeft("e1", "crashed"))
+    # Request 1 cannot wait for a LOAD on a new executor; 2 and 3 can, so they wait.
     assert h.outcome(1) is Outcome.FAILED and "crashed" in h.replies[1][0].message
-    assert h.outcome(2) is Outcome.FAILED  # no executor left at all
-    assert 3 not in h.replies
+    assert 2 not in h.replies and 3 not in h.replies
     h.ticks_until(100 * MS)
-    assert h.outcome(3) is Outcome.DROPPED  # no executor ever came back
+    assert h.outcome(2) is Outcome.DROPPED  # no executor ever came back
+    assert h.outcome(3) is Outcome.DROPPED
     h.at(h.now_ns, ActionFinished("e1", infer.action_id))  # a stray result is ignored
     assert h.ctl.stats().counters["stray_results"] == 1
+
+
+def test_running_requests_of_the_only_executor_wait_for_one_to_come_back() -> None:
+    h = loaded_harness("a")
+    assert only(h.request(1, "a", 100 * MS), StartInfer)  # it runs at once
+    h.at(1 * MS, ExecutorLeft("e1", "crashed"))
+    assert 1 not in h.replies  # re-queued: a restarted executor can still load and run it
+    (load,) = only(h.at(2 * MS, ExecutorJoined("e1", KIND, 1376, 16 << 20)), StartLoad)
+    (again,) = only(h.finish(load), StartInfer)
+    assert again.request_ids == (1,)
+    h.finish(again)
+    assert h.outcome(1) is Outcome.OK
 
 
 def test_unregister_answers_queued_requests_lets_running_ones_finish_then_unloads() -> None:

@@ -15,8 +15,6 @@ import os
 import signal
 from pathlib import Path
 
-import pytest
-
 from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, Outcome
 from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.runtime.supervisor import Supervisor
@@ -97,16 +95,6 @@ async def test_sigkill_during_infer_replans_its_running_requests(tmp_path: Path)
         await wait_until(serving_again(driver, victim, restarts=1), "the restart")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "core/membership.on_executor_left -> results.replan_or_end -> "
-        "ClockworkPolicy.can_replan (admission.still_servable) only re-plans a RUNNING request "
-        "onto executors connected at that instant: when the only executor dies, a request with "
-        "20 s of slack is answered `failed` at once, while QUEUED requests of the same model "
-        "wait for the restarted executor (cold_drop_at_ns) and are served ok"
-    ),
-)
 async def test_sigkill_of_the_only_executor_during_infer_replans_after_restart(
     tmp_path: Path,
 ) -> None:

@@ -215,7 +215,12 @@ class ClockworkPolicy:
             core.answer(head, Outcome.DROPPED, self.drop_message(cold=False))
 
     def can_replan(self, core: CoreState, request: RequestState) -> bool:
-        return still_servable(core, request)
+        if still_servable(core, request):
+            return True
+        # With no executor left (the only one just failed), wait for one to come back, as
+        # queued requests of a model loaded nowhere do, until a load could no longer finish.
+        cold_drop_at_ns = self.cold_drop_at_ns(core, request)
+        return not core.executors and not request.model.retired and cold_drop_at_ns > core.now_ns
 
 
 class FifoPolicy:
