@@ -270,13 +270,6 @@ class PeakRss:
         return self.peak
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="api/session.py _add_model starts an admin task per add_model without waiting, and "
-    "each task holds its upload (the frame's tail plus the onnx.tobytes() copy) while it waits "
-    "for service_impl's lock, so one connection can hold max_outstanding_per_connection x "
-    "max_frame_bytes x 2 (1024 x 64 MiB x 2 by default); with no tokens every client is admin",
-)
 def test_pipelined_uploads_do_not_pile_up_in_memory(
     daemon: DaemonProcess, good: GoodClient
 ) -> None:

@@ -105,6 +105,8 @@ class ApiSession:
                     ErrorCode.PROTOCOL_ERROR, f"{message.TAG!r} is not a client API message"
                 )
             handler(message)
+            if isinstance(message, AddModel | RemoveModel):
+                await self._admin_settled(message.request_id)
             if connection.writing_paused:
                 await connection.drain()  # a slow reader: read nothing more until it catches up
 
@@ -250,6 +252,14 @@ class ApiSession:
         if self.in_flight >= self._server.limits.max_outstanding_per_connection:
             return ApiCode.OVERLOADED, "this connection has too many requests in flight"
         return None
+
+    async def _admin_settled(self, request_id: int) -> None:
+        """Read nothing more from this connection until its model change is answered: one
+        change at a time per connection, so pipelined uploads wait in the socket (bounded by
+        the kernel and the decoder's queue), not in memory as tasks holding their bytes."""
+        task = self._tasks.get(request_id)
+        if task is not None:
+            await asyncio.wait({task})  # run() being cancelled must not cancel the change
 
     async def _run_admin(
         self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]

@@ -219,8 +219,10 @@ class ClockworkPolicy:
             return True
         # With no executor left (the only one just failed), wait for one to come back, as
         # queued requests of a model loaded nowhere do, until a load could no longer finish.
+        if core.executors or request.model.retired:
+            return False
         cold_drop_at_ns = self.cold_drop_at_ns(core, request)
-        return not core.executors and not request.model.retired and cold_drop_at_ns > core.now_ns
+        return cold_drop_at_ns is not None and cold_drop_at_ns > core.now_ns
 
 
 class FifoPolicy:
