@@ -231,9 +231,9 @@ class DaemonProcess:
                 env=clean_environ(folder),
             )
         try:
-            api, metrics = _wait_serving(process, timeout_s)
+            api, metrics = wait_serving(process, timeout_s)
         except (RuntimeError, TimeoutError) as error:
-            _kill(process)
+            kill_daemon(process)
             tail = log_path.read_text(errors="replace")[-4000:]
             raise RuntimeError(f"the daemon did not start ({error}):\n{tail}") from None
         return cls(process, api, metrics, log_path)
@@ -277,7 +277,7 @@ class DaemonProcess:
                 try:
                     self.process.wait(STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
-                    _kill(self.process)
+                    kill_daemon(self.process)
             return self.process.wait()
         finally:
             if self.process.stdout is not None:
@@ -297,7 +297,9 @@ class DaemonProcess:
             print(f"warning: the daemon exited with {status}; log: {self.log_path}")
 
 
-def _wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str]:
+def wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str]:
+    """Read the daemon's stdout until its serving line; return (api address, metrics URL).
+    Raises RuntimeError if it exited, TimeoutError if it did not serve in time."""
     assert process.stdout is not None
     deadline = time.monotonic() + timeout_s
     while (left_s := deadline - time.monotonic()) > 0:
@@ -313,7 +315,9 @@ def _wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[s
     raise TimeoutError(f"no serving line within {timeout_s:g} s")
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int, *, zombies: bool = False) -> list[int]:
+    """Processes whose parent is ``pid`` (from /proc): live ones, and with ``zombies`` also
+    those that exited and were not waited for yet."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -321,15 +325,16 @@ def _children(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
+            state, parent = stat.rpartition(")")[2].split()[:2]
+            if int(parent) == pid and (zombies or state != "Z"):
                 found.append(int(entry.name))
     return found
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
+def kill_daemon(process: subprocess.Popen[bytes]) -> None:
     """SIGKILL the daemon and its executors (they run in sessions of their own)."""
     if process.poll() is None:
-        orphans = _children(process.pid)
+        orphans = children(process.pid)
         process.kill()
         for pid in orphans:
             with contextlib.suppress(ProcessLookupError):

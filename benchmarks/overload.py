@@ -39,8 +39,8 @@ import numpy as np
 from benchmarks.common import (
     RESULTS,
     DaemonProcess,
-    _children,
     add_model,
+    children,
     daemon_config,
     keep_log,
     load_average,
@@ -127,7 +127,7 @@ class ProcSampler:
     samples: list[dict[str, float]] = field(default_factory=list)
 
     def sample(self) -> dict[str, float]:
-        executors = _children(self.pid)  # the daemon's executors
+        executors = children(self.pid)  # the daemon's executors
         row = {
             "t_s": round((time.monotonic_ns() - self.start_ns) / NS_PER_S, 3),
             "daemon_rss_mib": _status_kib(self.pid, "VmRSS:") / 1024,

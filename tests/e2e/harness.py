@@ -8,10 +8,8 @@ then SIGKILL) must run in a finally or a fixture teardown; executors die with th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -22,9 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.common import children as children  # re-exported for the e2e tests
+from benchmarks.common import kill_daemon, wait_serving
+
 from clockwork_async.demo_models import build_tiny
 
-SERVING = re.compile(r"^clockwork-async serving: api=(\S+) metrics=(\S+)")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -126,9 +126,9 @@ class DaemonProcess:
                 preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
             )
         try:
-            api, metrics = _wait_serving(process, timeout_s)
+            api, metrics = wait_serving(process, timeout_s)
         except BaseException:
-            _kill(process)
+            kill_daemon(process)
             raise RuntimeError(f"the daemon did not start:\n{log_path.read_text()}") from None
         return cls(process, api, metrics.removesuffix("/metrics"), log_path)
 
@@ -151,7 +151,7 @@ class DaemonProcess:
                 try:
                     self.process.wait(STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
-                    _kill(self.process)
+                    kill_daemon(self.process)
             return self.process.wait()
         finally:
             if self.process.stdout is not None:
@@ -183,51 +183,6 @@ def run_serve(
         stdin=subprocess.DEVNULL,
         check=False,
     )
-
-
-def _wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str]:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while (left_s := deadline - time.monotonic()) > 0:
-        readable, _, _ = select.select([process.stdout], [], [], left_s)
-        if not readable:
-            break
-        line = process.stdout.readline().decode(errors="replace")
-        if not line:
-            raise RuntimeError(f"the daemon exited with {process.wait()}")
-        match = SERVING.match(line)
-        if match:
-            return match.group(1), match.group(2)
-    raise TimeoutError(f"the daemon did not serve within {timeout_s} s")
-
-
-def children(pid: int, *, zombies: bool = False) -> list[int]:
-    """Processes whose parent is ``pid`` (from /proc): live ones, and with ``zombies`` also
-    those that exited and were not waited for yet."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            state, parent = stat.rpartition(")")[2].split()[:2]
-            if int(parent) == pid and (zombies or state != "Z"):
-                found.append(int(entry.name))
-    return found
-
-
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """SIGKILL the daemon and its executors (they run in sessions of their own)."""
-    if process.poll() is None:
-        orphans = children(process.pid)
-        process.kill()
-        for pid in orphans:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
 
 
 def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float | None:
