@@ -194,3 +194,22 @@ def test_a_new_batch_is_opened_only_where_it_can_grow_to_its_target_batch() -> N
     assert only(h.request(8, "a", 20 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
     (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
     assert (infer.batch_size, len(infer.request_ids)) == (8, 8)
+
+
+def test_an_outlier_that_makes_everything_infeasible_is_forgotten_once_stale() -> None:
+    h = loaded_harness("a")
+    (infer,) = only(h.request(1, "a", 100 * MS), StartInfer)
+    h.finish(infer, end_ns=30 * MS)  # one 30 ms b1 run: the p99 of [2.73, 30] is 30 ms
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == 30 * MS
+    (reply,) = only(h.request(2, "a", 10 * MS, at_ns=40 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE  # nothing runs, so nothing would correct it
+    (reply,) = only(h.request(3, "a", 10 * MS, at_ns=500 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE  # not stale yet: a fresh outlier is believed
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == 30 * MS
+    # 1 s after the last sample, a refusal lets the window forget its outlier ...
+    (reply,) = only(h.request(4, "a", 10 * MS, at_ns=1_031 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1
+    # ... so the next request runs and its measurement teaches the window again.
+    (infer,) = only(h.request(5, "a", 10 * MS), StartInfer)
+    assert infer.predicted_ns == B1

@@ -45,6 +45,30 @@ def test_window_predicts_its_percentile_and_forgets_the_seed() -> None:
     assert median.value_ns == 2
 
 
+def test_a_stale_window_forgets_outliers_one_per_stale_period() -> None:
+    window = SlidingWindow(size=10, percentile=99.0, seed_ns=100)
+    for sample in (100, 100, 100, 900, 700):
+        window.add(sample, now_ns=10 * MS)
+    assert window.value_ns == 900
+    assert not window.forget_outlier(10 * MS + 999_999, stale_ns=MS, factor=2.0)  # not stale
+    assert window.forget_outlier(11 * MS, stale_ns=MS, factor=2.0)
+    assert window.value_ns == 700  # one sample per stale period
+    assert not window.forget_outlier(11 * MS + 1, stale_ns=MS, factor=2.0)
+    assert window.forget_outlier(12 * MS, stale_ns=MS, factor=2.0)
+    assert window.value_ns == 100
+    assert not window.forget_outlier(20 * MS, stale_ns=MS, factor=2.0)  # consistent now
+
+
+def test_a_window_of_consistent_samples_never_relaxes() -> None:
+    window = SlidingWindow(size=10, percentile=99.0, seed_ns=100)
+    for sample in (100, 150, 199):
+        window.add(sample)
+    assert not window.forget_outlier(10**12, stale_ns=MS, factor=2.0)
+    assert window.value_ns == 199
+    single = SlidingWindow(size=10, percentile=99.0, seed_ns=5_000)
+    assert not single.forget_outlier(10**12, stale_ns=MS, factor=1.5)
+
+
 def test_predictions_are_per_kind_and_record_errors() -> None:
     predictions = Predictions(window_size=2, percentile=99.0)
     spec = make_spec("a")
@@ -70,6 +94,8 @@ def test_predictions_are_per_kind_and_record_errors() -> None:
         {"margin_min_ns": 6 * MS},
         {"copy_max_utilisation": 0.0},
         {"max_queue_delay_ns": -1},
+        {"prediction_stale_ns": 0},
+        {"outlier_factor": 1.0},
     ],
 )
 def test_bad_config_is_refused_with_a_named_error(field: dict[str, object]) -> None:

@@ -249,13 +249,18 @@ class StallAfterJudging(Controller):
         super().__init__(ControllerConfig())
         self.stall_ns = stall_ns
         self.skew_ns = 0
+        self.judging = False
 
     def now_ns(self) -> int:
         return time.monotonic_ns() + self.skew_ns
 
-    def handle(self, event: Event, now_ns: int) -> list[Command]:
-        commands = super().handle(event, now_ns)
-        if isinstance(event, ActionFinished) and any(isinstance(c, Reply) for c in commands):
+    def accept(self, event: Event, now_ns: int) -> None:
+        super().accept(event, now_ns)
+        self.judging = isinstance(event, ActionFinished)
+
+    def schedule(self, now_ns: int) -> list[Command]:
+        commands = super().schedule(now_ns)
+        if self.judging and any(isinstance(c, Reply) for c in commands):
             self.skew_ns += self.stall_ns
         return commands
 

@@ -37,6 +37,11 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
     verdict = core.policy.admit(core, model, event.deadline_ns)
     if isinstance(verdict, tuple):
         core.reject(event.request_id, verdict[0], verdict[1])
+        if verdict[0] is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
+            config = core.config
+            core.predictions.relax(
+                model.name, core.now_ns, config.prediction_stale_ns, config.outlier_factor
+            )
         return
     internal_ns, key_ns = core.policy.plan_keys(core, model, event.deadline_ns)
     request = RequestState(

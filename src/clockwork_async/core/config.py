@@ -25,6 +25,10 @@ class ControllerConfig:
     # Predictions: a sliding window of measured durations, predicting a percentile of it.
     window_size: int = 10
     percentile: float = 99.0
+    # A prediction that refused a request and saw no measurement for this long forgets its
+    # largest sample when that is over outlier_factor x the window's median (docs/controller.md).
+    prediction_stale_ns: int = 1_000 * MS_NS
+    outlier_factor: float = 2.0
     # Keep each execute lane filled only this far into the future.
     schedule_ahead_ns: int = 3 * MS_NS
     # Safety margin between predicted completion and deadline: clamp(fraction * SLO, min, max).
@@ -47,6 +51,9 @@ class ControllerConfig:
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {POLICIES}, not {self.policy!r}")
         _positive(self, "window_size", "schedule_ahead_ns", "max_loads_in_flight")
+        _positive(self, "prediction_stale_ns")
+        if not self.outlier_factor > 1.0:
+            raise ConfigError(f"outlier_factor must be > 1, not {self.outlier_factor}")
         _positive(self, "load_window_ns", "utilisation_window_ns")
         _positive(self, "max_queued_total", "max_queued_per_model")
         _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")

@@ -1,10 +1,15 @@
-"""The controller core's one entry point: ``Controller.handle(event, now_ns) -> commands``.
+"""The controller core's entry point: ``Controller.handle(event, now_ns) -> commands``.
 
 Invariants: pure — no clock reads, no I/O, no asyncio; the same events at the same times give
 the same commands. ``now_ns`` never decreases (TimeWentBackwards otherwise). Each call handles
 its event, then everything due at ``now_ns`` (timers, fills, drops, placement), and ends with a
 WakeAt when the core needs a Tick earlier than it already asked for. Invalid events raise
 InvalidEvent before any state changes.
+
+``handle`` is ``accept`` then ``schedule``. A driver holding several events of one instant
+(requests decoded from one socket read) may ``accept`` each and ``schedule`` once, so that
+arrivals seen together can share a batch; the commands of the accepts come out of that
+``schedule``, in order.
 """
 
 from __future__ import annotations
@@ -67,6 +72,12 @@ class Controller:
         Raises TimeWentBackwards if ``now_ns`` is earlier than a previous call's, InvalidEvent
         for an event the core cannot accept (unknown type, bad spec, reused request id).
         """
+        self.accept(event, now_ns)
+        return self.schedule(now_ns)
+
+    def accept(self, event: Event, now_ns: int) -> None:
+        """Take in one event at ``now_ns`` without scheduling; its commands come out of the
+        next `schedule`. Raises like `handle`, before any state changes."""
         core = self._core
         if now_ns < core.now_ns:
             raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
@@ -75,6 +86,14 @@ class Controller:
             raise InvalidEvent(f"not a controller event: {event!r}")
         core.now_ns = now_ns
         handler(event)
+
+    def schedule(self, now_ns: int) -> list[Command]:
+        """Do everything due at ``now_ns`` after the events accepted so far; return every
+        command since the last call, in order. Raises TimeWentBackwards."""
+        core = self._core
+        if now_ns < core.now_ns:
+            raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
+        core.now_ns = now_ns
         run_due(core)
         if core.placement_dirty:
             place(core)

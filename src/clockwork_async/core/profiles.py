@@ -6,6 +6,12 @@ Invariants: a window is seeded with the model's offline profile for that kind an
 ``window_size`` measurements arrived. An executor kind the spec has no profile for is seeded
 with the *slowest* seed over the kinds it has (conservative: late results are the one bug we
 must not have), and counted in ``fallback_seeds``.
+
+Recovery: a window only learns from actions that run, so one slow outlier could make every
+request look infeasible, and then nothing runs to correct it. `Predictions.relax` (called when
+a request is refused) lets a window that has had no sample for ``stale_ns`` forget its largest
+sample, one per ``stale_ns``, while that sample is over ``outlier_factor`` x the window's
+(lower) median. A window of consistent samples never relaxes.
 """
 
 from __future__ import annotations
@@ -22,16 +28,34 @@ RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
 class SlidingWindow:
     """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank)."""
 
-    __slots__ = ("_percentile", "_samples", "value_ns")
+    __slots__ = ("_percentile", "_samples", "updated_ns", "value_ns")
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
         self._percentile = percentile
         self.value_ns = seed_ns
+        self.updated_ns = 0  # when a sample last came (or was forgotten)
 
-    def add(self, sample_ns: int) -> None:
+    def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
         self._samples.append(sample_ns)
+        self.updated_ns = now_ns
+        self._update()
+
+    def forget_outlier(self, now_ns: int, stale_ns: int, factor: float) -> bool:
+        """Drop the largest sample if no sample came for ``stale_ns`` and it is over ``factor``
+        x the lower median; returns whether ``value_ns`` may have changed."""
+        if now_ns - self.updated_ns < stale_ns or len(self._samples) < 2:
+            return False
+        ordered = sorted(self._samples)
+        if ordered[-1] <= factor * ordered[(len(ordered) - 1) // 2]:
+            return False
+        self._samples.remove(ordered[-1])
+        self.updated_ns = now_ns
+        self._update()
+        return True
+
+    def _update(self) -> None:
         ordered = sorted(self._samples)
         rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
@@ -64,24 +88,35 @@ class KindPredictions:
         self.load_ns = profile.load_ns
         self.targets: dict[int, int] = {}  # a cache for the admission ledger (ledger.py)
 
-    def record_execute(self, batch_size: int, measured_ns: int) -> int:
+    def record_execute(self, batch_size: int, measured_ns: int, now_ns: int = 0) -> int:
         """Add a measured execute duration; return the error (measured - predicted before)."""
         window = self._exec_windows.get(batch_size)
         if window is None:
             return 0
         error_ns = measured_ns - window.value_ns
-        window.add(measured_ns)
+        window.add(measured_ns, now_ns)
+        self._took(batch_size, window)
+        return error_ns
+
+    def record_load(self, measured_ns: int, now_ns: int = 0) -> int:
+        """Add a measured LOAD duration; return the error (measured - predicted before)."""
+        error_ns = measured_ns - self._load_window.value_ns
+        self._load_window.add(measured_ns, now_ns)
+        self.load_ns = self._load_window.value_ns
+        return error_ns
+
+    def relax(self, now_ns: int, stale_ns: int, factor: float) -> None:
+        """Let stale windows forget an outlier (see the module's "Recovery")."""
+        for batch_size, window in self._exec_windows.items():
+            if window.forget_outlier(now_ns, stale_ns, factor):
+                self._took(batch_size, window)
+        if self._load_window.forget_outlier(now_ns, stale_ns, factor):
+            self.load_ns = self._load_window.value_ns
+
+    def _took(self, batch_size: int, window: SlidingWindow) -> None:
         if self.exec_ns[batch_size] != window.value_ns:
             self.exec_ns[batch_size] = window.value_ns
             self.targets.clear()
-        return error_ns
-
-    def record_load(self, measured_ns: int) -> int:
-        """Add a measured LOAD duration; return the error (measured - predicted before)."""
-        error_ns = measured_ns - self._load_window.value_ns
-        self._load_window.add(measured_ns)
-        self.load_ns = self._load_window.value_ns
-        return error_ns
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +164,27 @@ class Predictions:
         """Drop every window of model ``name`` (unregistered or re-registered)."""
         self._by_model.pop(name, None)
 
-    def record_execute(self, spec: ModelSpec, kind: str, batch_size: int, measured_ns: int) -> int:
+    def record_execute(
+        self, spec: ModelSpec, kind: str, batch_size: int, measured_ns: int, now_ns: int = 0
+    ) -> int:
         """Record a measured execute duration; return its prediction error."""
-        error_ns = self.get(spec, kind).record_execute(batch_size, measured_ns)
+        error_ns = self.get(spec, kind).record_execute(batch_size, measured_ns, now_ns)
         self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
         return error_ns
 
-    def record_load(self, spec: ModelSpec, kind: str, measured_ns: int) -> int:
+    def record_load(self, spec: ModelSpec, kind: str, measured_ns: int, now_ns: int = 0) -> int:
         """Record a measured LOAD duration; return its prediction error."""
-        error_ns = self.get(spec, kind).record_load(measured_ns)
+        error_ns = self.get(spec, kind).record_load(measured_ns, now_ns)
         self._note("load", PredictionError("load", spec.name, kind, 0, error_ns))
         return error_ns
+
+    def relax(self, name: str, now_ns: int, stale_ns: int, factor: float) -> int:
+        """Let model ``name``'s stale windows forget an outlier; returns how many of its
+        kinds' predictions were looked at."""
+        per_kind = self._by_model.get(name, {})
+        for predictions in per_kind.values():
+            predictions.relax(now_ns, stale_ns, factor)
+        return len(per_kind)
 
     def _seed(self, spec: ModelSpec, kind: str) -> KindPredictions:
         profile = spec.profiles.get(kind)

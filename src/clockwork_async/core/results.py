@@ -56,7 +56,7 @@ def _infer_finished(
     if not event.code:
         if event.duration_ns > 0:
             core.predictions.record_execute(
-                model.spec, executor.kind, action.batch_size, event.duration_ns
+                model.spec, executor.kind, action.batch_size, event.duration_ns, core.now_ns
             )
         _answer_batch(core, action, event)
     else:
@@ -147,7 +147,7 @@ def _load_finished(
         forget_if_gone(core, model.name)
         return
     if not event.code and event.duration_ns > 0:
-        core.predictions.record_load(model.spec, executor.kind, event.duration_ns)
+        core.predictions.record_load(model.spec, executor.kind, event.duration_ns, core.now_ns)
     executor.loaded[model.name] = action.pages
     model.loaded_on[executor.executor_id] = None
     if model.retired:

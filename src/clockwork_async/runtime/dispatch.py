@@ -1,9 +1,14 @@
-"""Feeding the controller core one event at a time, in order, measuring what it costs.
+"""Feeding the controller core its events in order, measuring what it costs.
 
 Invariants: events are handled strictly one after another in the order fed; an event fed while
 another is being handled (a callback that submits, a send that failed) is queued and handled
 right after it, so commands are always performed in the order the core returned them and the
-core is never re-entered. ``now_ns`` is read once per event, when its handling starts.
+core is never re-entered. ``now_ns`` is read once per handling, when it starts.
+
+Arrivals (`feed_arrival`) are held until the ``defer``red flush, at the end of the event loop's
+current round, or until the next other event, whichever comes first: requests decoded from one
+socket read reach the core together and are scheduled once, so they can share a batch. Each
+arrival is still accepted on its own (a refused one is answered alone).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 
 Perform = Callable[[Command, int], int]  # (command, now_ns) -> ns spent in callers' callbacks
 AfterEvent = Callable[[Event], None]
+Defer = Callable[[Callable[[], None]], object]  # run this soon, once (e.g. loop.call_soon)
 
 
 class CoreRunner:
@@ -33,19 +39,47 @@ class CoreRunner:
         now_ns: Callable[[], int],
         perform: Perform,
         after: AfterEvent = lambda _event: None,
+        *,
+        defer: Defer | None = None,
     ) -> None:
         self.controller = controller
-        self.core_ns = 0  # time inside Controller.handle
+        self.core_ns = 0  # time inside the controller
         self.dispatch_ns = 0  # time handling events (core + performing), less callers' callbacks
         self._now_ns = now_ns
         self._perform = perform
         self._after = after
-        self._events: deque[Event] = deque()
+        self._defer = defer
+        self._events: deque[Event | list[RequestArrived]] = deque()
+        self._arrivals: list[RequestArrived] = []  # held for the deferred flush
         self._dispatching = False
 
     def feed(self, event: Event) -> None:
-        """Handle ``event`` now, or right after the event being handled."""
+        """Handle ``event`` now (after any held arrivals), or right after the one being
+        handled."""
+        self._take_arrivals()
         self._events.append(event)
+        self._run()
+
+    def feed_arrival(self, event: RequestArrived) -> None:
+        """Hold ``event`` for the deferred flush (handled at once without ``defer``)."""
+        if self._defer is None:
+            self.feed(event)
+            return
+        if not self._arrivals:
+            self._defer(self.flush)
+        self._arrivals.append(event)
+
+    def flush(self) -> None:
+        """Handle the held arrivals now, together."""
+        self._take_arrivals()
+        self._run()
+
+    def _take_arrivals(self) -> None:
+        if self._arrivals:
+            self._events.append(self._arrivals)
+            self._arrivals = []
+
+    def _run(self) -> None:
         if self._dispatching:
             return
         self._dispatching = True
@@ -55,19 +89,24 @@ class CoreRunner:
         finally:
             self._dispatching = False
 
-    def _handle(self, event: Event) -> None:
+    def _handle(self, item: Event | list[RequestArrived]) -> None:
         started_ns = time.perf_counter_ns()
         now_ns = self._now_ns()
-        try:
-            commands = self.controller.handle(event, now_ns)
-        except ControllerError:
-            log.exception("the controller refused %r", event)
-            commands = _after_refusal(event)
+        events = item if isinstance(item, list) else [item]
+        refused: list[Command] = []
+        for event in events:
+            try:
+                self.controller.accept(event, now_ns)
+            except ControllerError:
+                log.exception("the controller refused %r", event)
+                refused += _after_refusal(event)
+        commands = self.controller.schedule(now_ns) + refused
         self.core_ns += time.perf_counter_ns() - started_ns
         callbacks_ns = 0
         for command in commands:
             callbacks_ns += self._perform(command, now_ns)
-        self._after(event)
+        for event in events:
+            self._after(event)
         self.dispatch_ns += time.perf_counter_ns() - started_ns - callbacks_ns
 
 

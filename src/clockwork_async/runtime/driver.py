@@ -14,7 +14,8 @@ Invariants:
 - No answer says ``ok`` once its deadline has passed: `_deliver` turns such an ``ok`` into
   ``late`` (`requests.late_if_past`) before it is counted, passed to listeners or the caller,
   so snapshot counts, metrics and replies agree.
-- Events reach the core one at a time, in order (`dispatch.CoreRunner`).
+- Events reach the core one at a time, in order (`dispatch.CoreRunner`); arrivals of one
+  loop round are scheduled together, so requests that came in one read can share a batch.
 - An executor whose link goes down is reported to the core as ExecutorLeft exactly once per
   join; the core resolves its outstanding actions (re-planned or answered), and the driver
   forgets them, so a late reply can never resolve an action twice.
@@ -124,7 +125,9 @@ class Driver:
         self.runtime = runtime or RuntimeConfig()
         self._now_ns = now_ns
         controller = controller if controller is not None else Controller(config)
-        self._runner = CoreRunner(controller, now_ns, self._perform, self._after_event)
+        self._runner = CoreRunner(
+            controller, now_ns, self._perform, self._after_event, defer=_call_soon
+        )
         self._feed = self._runner.feed
         self._state = DriverState.RUNNING
         self._book = RequestBook()
@@ -299,7 +302,7 @@ class Driver:
             else:
                 self._start()
                 self._book.add_request(request)
-                self._feed(RequestArrived(request_id, model, deadline_ns))
+                self._runner.feed_arrival(RequestArrived(request_id, model, deadline_ns))
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -391,6 +394,8 @@ class Driver:
         if not isinstance(message, ActionResult):
             message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
         action.result = message
+        action.received_ns = self._now_ns()
+        action.offset_ns = link.clock.offset_ns
         record = self._pool.records.get(action.executor_id)
         if record is not None:
             record.pages_free = message.pages_free or record.pages_free
@@ -472,6 +477,7 @@ class Driver:
     def snapshot(self) -> DriverSnapshot:
         """Executors, models, queued/running requests, outcome and core counts, prediction
         errors, loop lag, cost."""
+        self._runner.flush()  # held arrivals count as queued
         submitted = self._book.submitted
         core = self._runner.controller
         records = self._pool.records.values()
@@ -495,6 +501,14 @@ class Driver:
             driver_ns_per_request=self._runner.dispatch_ns / submitted if submitted else 0.0,
             send_ns_per_request=self._send_ns / submitted if submitted else 0.0,
         )
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at the end of this loop round (at once when no loop runs)."""
+    try:
+        asyncio.get_running_loop().call_soon(callback)
+    except RuntimeError:
+        callback()
 
 
 def _call_quietly(callback: Callable[..., object], *args: object) -> None:

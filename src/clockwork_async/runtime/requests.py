@@ -61,6 +61,8 @@ class ActionRecord:
     batch_size: int = 0
     predicted_ns: int = 0
     result: ActionResult | None = None
+    received_ns: int = 0  # when its result reached the controller
+    offset_ns: int = 0  # the executor's clock minus ours, when the result came
 
     @classmethod
     def infer(cls, command: StartInfer, now_ns: int) -> ActionRecord:
@@ -267,5 +269,10 @@ def _action_timing(action: ActionRecord, result: ActionResult) -> dict[str, int]
         "predicted_execute": action.predicted_ns,
         "executor": max(0, result.end_ns - result.start_ns) if result.start_ns else 0,
     }
+    if result.start_ns and action.received_ns:
+        # The two hops, in controller time: sent -> started on the executor (the way there,
+        # the executor's dispatch and any wait for the window), ended -> result received.
+        timing["to_executor"] = result.start_ns - action.offset_ns - action.sent_ns
+        timing["from_executor"] = action.received_ns - (result.end_ns - action.offset_ns)
     timing.update(result.durations_ns)  # execute, copy_in, copy_out as measured
     return timing
