@@ -45,7 +45,7 @@ def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
 def start_slow_daemon(folder: Path, drain_timeout_s: float, env: dict[str, str]) -> DaemonProcess:
     add_tiny(folder / "models")
     config = write_config(folder, sim_executor(slowdown=20.0), drain_timeout_s=drain_timeout_s)
-    return DaemonProcess.start(folder, ["--config", str(config)], env=env)
+    return DaemonProcess.start(folder, config, env=env)
 
 
 def outcome_of(future: Future[InferResult]) -> str:

@@ -46,7 +46,7 @@ def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
     folder = tmp_path_factory.mktemp("embedded")
     env = clean_environ(folder, FREE_PORTS)
     cpus = set(sorted(os.sched_getaffinity(0))[-2:])
-    daemon = DaemonProcess.start(folder, [], env=env, cpus=cpus)
+    daemon = DaemonProcess.start(folder, env=env, cpus=cpus)
     try:
         yield Embedded(daemon, folder, env, cpus)
     finally:
@@ -94,7 +94,7 @@ def test_outputs_equal_onnx_runtime_run_directly(
 
 
 def test_a_second_start_uses_the_cached_profiles(embedded: Embedded) -> None:
-    again = DaemonProcess.start(embedded.folder, [], env=embedded.env, cpus=embedded.cpus)
+    again = DaemonProcess.start(embedded.folder, env=embedded.env, cpus=embedded.cpus)
     try:
         with Client(again.api, timeout_s=60.0) as client:
             assert {model.name for model in client.models()} == DEMO_MODELS

@@ -49,7 +49,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     extra = f"weights_budget_bytes = {BUDGET_BYTES}"  # inside [repository]
     # 256 pages of 1 MiB: room for resnet50-v100 (98 pages) beside tiny-sim models.
     config = write_config(folder, sim_executor(weights_bytes=256 << 20), extra=extra)
-    process = DaemonProcess.start(folder, ["--config", str(config)])
+    process = DaemonProcess.start(folder, config)
     try:
         yield process
     finally:

@@ -258,7 +258,7 @@ def start_daemon(
     if controller:
         text = text.replace("[metrics]\n", f"[controller]\n{controller}\n[metrics]\n", 1)
     config.write_text(text)
-    return DaemonProcess.start(folder, ["--config", str(config)])
+    return DaemonProcess.start(folder, config)
 
 
 def rss_bytes(pid: int) -> int:

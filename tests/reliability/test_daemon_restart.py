@@ -64,7 +64,7 @@ def folder(tmp_path: Path) -> Iterator[Path]:
 
 def _start(folder: Path) -> DaemonProcess:
     env = clean_environ(folder, {"TMPDIR": str((folder / "run-tmp").resolve())})
-    return DaemonProcess.start(folder, ["--config", str(folder / "clockwork-async.toml")], env=env)
+    return DaemonProcess.start(folder, folder / "clockwork-async.toml", env=env)
 
 
 def _outcomes(futures: list[concurrent.futures.Future[InferResult]]) -> tuple[int, int]:
