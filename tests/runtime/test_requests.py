@@ -6,12 +6,12 @@ import numpy as np
 
 from clockwork_async.core.events import Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.runtime.hop import ReturnHop, judge
 from clockwork_async.runtime.requests import (
     ActionRecord,
     InferOutcome,
     PendingRequest,
     RequestBook,
-    late_if_past,
 )
 from clockwork_async.wire.messages import ActionResult, TensorSpec
 
@@ -121,12 +121,33 @@ def test_action_indexes_follow_the_book() -> None:
     assert load.load_message(OFFSET_NS).earliest_ns == OFFSET_NS
 
 
-def test_only_an_ok_past_its_deadline_becomes_late_with_its_outputs() -> None:
+def test_answers_are_judged_by_their_delivery_against_the_true_deadline() -> None:
     outputs = {"y": np.ones((1, 2), np.float32)}
     ok = InferOutcome(1, Outcome.OK, "", outputs, {"total": 5}, "e", 1)
-    assert late_if_past(ok, deadline_ns=1_000, now_ns=1_000) is ok  # at the deadline: in time
-    late = late_if_past(ok, deadline_ns=1_000, now_ns=1_001)
+    assert judge(ok, deadline_ns=1_000, now_ns=1_000) is ok  # at the deadline: in time
+    late = judge(ok, deadline_ns=1_000, now_ns=1_001)
     assert late.outcome is Outcome.LATE and late.outputs is outputs
     assert late.message == "the result reached the daemon 0.000 ms after the deadline"
+    # The core judged by the deadline moved earlier by the return hop; delivered in time: ok.
+    core_late = InferOutcome(3, Outcome.LATE, "ended after", outputs, {}, "e", 1)
+    on_time = judge(core_late, deadline_ns=1_000, now_ns=900)
+    assert on_time.outcome is Outcome.OK and on_time.message == "" and on_time.outputs is outputs
+    assert judge(core_late, deadline_ns=1_000, now_ns=1_100) is core_late
     dropped = InferOutcome(2, Outcome.DROPPED, "no", {}, {}, None, 0)
-    assert late_if_past(dropped, deadline_ns=1_000, now_ns=9_000) is dropped
+    assert judge(dropped, deadline_ns=1_000, now_ns=9_000) is dropped
+    assert judge(dropped, deadline_ns=1_000, now_ns=10) is dropped
+
+
+def test_the_return_hop_estimate_is_a_padded_clamped_percentile() -> None:
+    hop = ReturnHop(window=100, percentile=99.0, slack=0.1, initial_ns=500_000, refresh_every=1)
+    assert hop.estimate_ns == 500_000
+    for _ in range(99):
+        hop.add(200_000)
+    hop.add(10_000_000)  # one outlier in 100: p99 (nearest rank) is still 200 us
+    assert hop.estimate_ns == 220_000
+    for _ in range(100):
+        hop.add(1_000)
+    assert hop.estimate_ns == 50_000  # the floor
+    for _ in range(100):
+        hop.add(1_000_000_000)
+    assert hop.estimate_ns == 10_000_000  # the ceiling

@@ -11,9 +11,10 @@ Invariants:
 - Each submitted request's ``on_reply`` is called exactly once: an accepted request leaves the
   book before its callback runs, and every answer (core Reply, rejection at submit, drain,
   close) goes through `_deliver`.
-- No answer says ``ok`` once its deadline has passed: `_deliver` turns such an ``ok`` into
-  ``late`` (`requests.late_if_past`) before it is counted, passed to listeners or the caller,
-  so snapshot counts, metrics and replies agree.
+- No answer says ``ok`` once its deadline has passed: the core plans by each deadline moved
+  earlier by the measured way back from the executors (`hop.ReturnHop`), and `_deliver` judges
+  every answer by the true deadline when it is delivered (`hop.judge`) before it is counted,
+  passed to listeners or the caller, so snapshot counts, metrics and replies agree.
 - Events reach the core one at a time, in order (`dispatch.CoreRunner`); arrivals of one
   loop round are scheduled together, so requests that came in one read can share a batch.
 - An executor whose link goes down is reported to the core as ExecutorLeft exactly once per
@@ -62,6 +63,7 @@ from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.dispatch import CoreRunner
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
 from clockwork_async.runtime.executors import ExecutorPool
+from clockwork_async.runtime.hop import ReturnHop, judge
 from clockwork_async.runtime.models import (
     RegisteredModel,
     Registration,
@@ -75,7 +77,6 @@ from clockwork_async.runtime.requests import (
     InferOutcome,
     PendingRequest,
     RequestBook,
-    late_if_past,
 )
 from clockwork_async.runtime.snapshot import (
     DriverSnapshot,
@@ -152,6 +153,7 @@ class Driver:
         self._idle_models: dict[str, asyncio.Event] = {}
         self._send_ns = 0  # time encoding and writing actions to executor sockets
         self._prediction_errors = PredictionErrors()
+        self._return_hop = ReturnHop()
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
@@ -302,7 +304,8 @@ class Driver:
             else:
                 self._start()
                 self._book.add_request(request)
-                self._runner.feed_arrival(RequestArrived(request_id, model, deadline_ns))
+                core_deadline_ns = deadline_ns - self._return_hop.estimate_ns
+                self._runner.feed_arrival(RequestArrived(request_id, model, core_deadline_ns))
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -396,6 +399,8 @@ class Driver:
         action.result = message
         action.received_ns = self._now_ns()
         action.offset_ns = link.clock.offset_ns
+        if message.end_ns:
+            self._return_hop.add(action.received_ns - (message.end_ns - action.offset_ns))
         record = self._pool.records.get(action.executor_id)
         if record is not None:
             record.pages_free = message.pages_free or record.pages_free
@@ -422,10 +427,10 @@ class Driver:
 
     def _deliver(self, request: PendingRequest, outcome: InferOutcome, now_ns: int) -> None:
         """The one way out for an answer, read at ``now_ns``: never ``ok`` past its deadline."""
-        judged = late_if_past(outcome, request.deadline_ns, now_ns)
-        if judged is not outcome:
+        judged = judge(outcome, request.deadline_ns, now_ns)
+        if judged.outcome is Outcome.LATE and outcome.outcome is Outcome.OK:
             log.warning("%s", judged.message, extra=request_extra(request.request_id))
-            outcome = judged
+        outcome = judged
         self._book.count(outcome.outcome)
         _call_quietly(request.on_reply, outcome)
         _call_all(self.outcome_listeners, request.model, outcome)

@@ -3,14 +3,14 @@
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
 has been handled or its executor left; ``actions_of``/``actions_for_model`` index exactly the
-actions in the book. No outcome leaves `late_if_past` saying ``ok`` after its deadline.
+actions in the book.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -241,17 +241,6 @@ class RequestBook:
         return InferOutcome(
             request.request_id, outcome, message, {}, _timing(request, now_ns), None, 0
         )
-
-
-def late_if_past(outcome: InferOutcome, deadline_ns: int, now_ns: int) -> InferOutcome:
-    """``outcome``, but ``late`` (outputs kept) if it says ``ok`` and ``now_ns`` is past
-    ``deadline_ns``: the core judged it by when execution ended on the executor, and the
-    result reached the controller after that."""
-    late_ns = now_ns - deadline_ns
-    if outcome.outcome is not Outcome.OK or late_ns <= 0:
-        return outcome
-    message = f"the result reached the daemon {late_ns / 1e6:.3f} ms after the deadline"
-    return replace(outcome, outcome=Outcome.LATE, message=message)
 
 
 def _timing(request: PendingRequest, now_ns: int) -> dict[str, int]:
