@@ -184,6 +184,11 @@ class Connection:
         assert self._loop is not None
         self._loop.call_soon(self._end_burst)
 
+    def flush(self) -> None:
+        """Write now what this loop round held back (a long round must not delay it)."""
+        if self._state is ConnectionState.OPEN:
+            self._write_held()
+
     async def drain(self) -> None:
         """Return once the transport's write buffer is below its high-water mark; raises
         ConnectionClosed if the connection is closing or gone."""

@@ -3,12 +3,14 @@
 Invariants: events are handled strictly one after another in the order fed; an event fed while
 another is being handled (a callback that submits, a send that failed) is queued and handled
 right after it, so commands are always performed in the order the core returned them and the
-core is never re-entered. ``now_ns`` is read once per handling, when it starts.
+core is never re-entered. ``now_ns`` is read for each event accepted and again to schedule.
+The executors' actions among a handling's commands are performed before its replies.
 
 Arrivals (`feed_arrival`) are held until the ``defer``red flush, at the end of the event loop's
-current round, or until the next other event, whichever comes first: requests decoded from one
-socket read reach the core together and are scheduled once, so they can share a batch. Each
-arrival is still accepted on its own (a refused one is answered alone).
+current round, until the next other event, or until ``max_held`` are held, whichever comes
+first: requests decoded from one socket read reach the core together and are scheduled once,
+so they can share a batch, and a burst still starts being served while the rest is decoded.
+Each arrival is still accepted on its own (a refused one is answered alone).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from collections.abc import Callable
 
 from clockwork_async.core.controller import Controller
 from clockwork_async.core.errors import ControllerError
-from clockwork_async.core.events import Command, Event, Reply, RequestArrived
+from clockwork_async.core.events import (
+    Command,
+    Event,
+    Reply,
+    RequestArrived,
+    StartInfer,
+    StartLoad,
+    StartUnload,
+)
 from clockwork_async.core.outcomes import Outcome
 
 log = logging.getLogger(__name__)
@@ -28,6 +38,8 @@ log = logging.getLogger(__name__)
 Perform = Callable[[Command, int], int]  # (command, now_ns) -> ns spent in callers' callbacks
 AfterEvent = Callable[[Event], None]
 Defer = Callable[[Callable[[], None]], object]  # run this soon, once (e.g. loop.call_soon)
+_ACTIONS = (StartUnload, StartLoad, StartInfer)
+MAX_HELD_ARRIVALS = 32  # twice the largest usual batch; more are flushed at once
 
 
 class CoreRunner:
@@ -41,6 +53,8 @@ class CoreRunner:
         after: AfterEvent = lambda _event: None,
         *,
         defer: Defer | None = None,
+        max_held: int = MAX_HELD_ARRIVALS,
+        performed: Callable[[], None] = lambda: None,
     ) -> None:
         self.controller = controller
         self.core_ns = 0  # time inside the controller
@@ -49,6 +63,8 @@ class CoreRunner:
         self._perform = perform
         self._after = after
         self._defer = defer
+        self._max_held = max_held
+        self._performed = performed  # after each handling's commands (e.g. flush the writes)
         self._events: deque[Event | list[RequestArrived]] = deque()
         self._arrivals: list[RequestArrived] = []  # held for the deferred flush
         self._dispatching = False
@@ -68,6 +84,8 @@ class CoreRunner:
         if not self._arrivals:
             self._defer(self.flush)
         self._arrivals.append(event)
+        if len(self._arrivals) >= self._max_held:
+            self.flush()  # a burst: schedule what came so far while the rest is decoded
 
     def flush(self) -> None:
         """Handle the held arrivals now, together."""
@@ -91,23 +109,34 @@ class CoreRunner:
 
     def _handle(self, item: Event | list[RequestArrived]) -> None:
         started_ns = time.perf_counter_ns()
-        now_ns = self._now_ns()
         events = item if isinstance(item, list) else [item]
         refused: list[Command] = []
         for event in events:
             try:
-                self.controller.accept(event, now_ns)
+                self.controller.accept(event, self._now_ns())
             except ControllerError:
                 log.exception("the controller refused %r", event)
                 refused += _after_refusal(event)
+        now_ns = self._now_ns()  # accepting many takes a while: schedule from the time now
         commands = self.controller.schedule(now_ns) + refused
         self.core_ns += time.perf_counter_ns() - started_ns
         callbacks_ns = 0
-        for command in commands:
+        for command in _actions_first(commands):
             callbacks_ns += self._perform(command, now_ns)
+        self._performed()
         for event in events:
             self._after(event)
         self.dispatch_ns += time.perf_counter_ns() - started_ns - callbacks_ns
+
+
+def _actions_first(commands: list[Command]) -> list[Command]:
+    """``commands`` with the executors' actions first (in their order: an unload stays before
+    the load that needs its pages): answering many requests takes a while, and an action's
+    window is reckoned from the moment the core returned it."""
+    actions = [c for c in commands if isinstance(c, _ACTIONS)]
+    if not actions or len(actions) == len(commands):
+        return commands
+    return actions + [c for c in commands if not isinstance(c, _ACTIONS)]
 
 
 def _after_refusal(event: Event) -> list[Command]:

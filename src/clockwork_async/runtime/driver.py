@@ -127,7 +127,12 @@ class Driver:
         self._now_ns = now_ns
         controller = controller if controller is not None else Controller(config)
         self._runner = CoreRunner(
-            controller, now_ns, self._perform, self._after_event, defer=_call_soon
+            controller,
+            now_ns,
+            self._perform,
+            self._after_event,
+            defer=_call_soon,
+            performed=self._flush_links,
         )
         self._feed = self._runner.feed
         self._state = DriverState.RUNNING
@@ -152,6 +157,7 @@ class Driver:
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
         self._send_ns = 0  # time encoding and writing actions to executor sockets
+        self._written: set[ExecutorLink] = set()  # links with actions held back this round
         self._prediction_errors = PredictionErrors()
         self._return_hop = ReturnHop()
         self.outcome_listeners: list[OutcomeListener] = []
@@ -377,6 +383,7 @@ class Driver:
         started_ns = time.perf_counter_ns()
         try:
             link.send_action(message, action.action_id, partial(self._on_result, link, action))
+            self._written.add(link)
             self._send_ns += time.perf_counter_ns() - started_ns
         except (LinkDown, ConnectionClosed) as error:
             # The socket died before the reader noticed: the executor leaves now, and the core
@@ -386,6 +393,13 @@ class Driver:
             log.exception("sending action %d to %s failed", action.action_id, action.executor_id)
             self._book.finish_action(action.action_id)
             self._action_failed(action.executor_id, action.action_id, str(error))
+
+    def _flush_links(self) -> None:
+        """The actions of one handling went out together; write them now, not at the end of
+        a loop round that may be long (a burst of arrivals)."""
+        for link in self._written:
+            link.flush()
+        self._written.clear()
 
     def _action_failed(self, executor_id: str, action_id: int, why: str) -> None:
         log.debug("action %d on %s not sent: %s", action_id, executor_id, why)

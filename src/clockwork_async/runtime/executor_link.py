@@ -187,6 +187,11 @@ class ExecutorLink:
         self._pending[action_id] = on_reply
         self._connection.send(message)
 
+    def flush(self) -> None:
+        """Write the actions held back in this loop round now."""
+        if self.state is LinkState.UP:
+            self._connection.flush()
+
     def next_call_id(self) -> int:
         """An action id for the driver's own calls, apart from the core's ids."""
         return next(self._call_ids)
