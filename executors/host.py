@@ -330,7 +330,13 @@ class ExecutorHost:
             durations_ns=dict(durations_ns),
             outputs=dict(outputs or {}),
             pages_free=self.pages_free,
+            device_clock_mhz=self._device_clock_mhz(),
         )
+
+    def _device_clock_mhz(self) -> int:
+        """The backend's device clock (GPU backends have ``device_clock_mhz()``), else 0."""
+        read = getattr(self.backend, "device_clock_mhz", None)
+        return int(read()) if read is not None else 0
 
     # --- the actions, each run in its lane -----------------------------------------------------
 

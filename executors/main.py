@@ -62,12 +62,16 @@ log = logging.getLogger("clockwork_async.executor")
 MIB = 1 << 20
 DEFAULT_PAGE_BYTES = 16 * MIB
 DEFAULT_ORT_WEIGHTS_BYTES = 256 * MIB  # 16 pages: room for every demo model many times over
+DEFAULT_CUDA_WEIGHTS_BYTES = 8 << 30  # checked against the device's free memory at start
+DEFAULT_IO_BYTES = 64 * MIB  # cuda: one INFER's inputs and outputs
+DEFAULT_WORKSPACE_BYTES = 1 << 30  # cuda: ONNX Runtime's arena cap, per session
 HELLO_TIMEOUT_S = 10.0
 PARENT_PID_ENV = "CLOCKWORK_EXECUTOR_PARENT_PID"  # set by the daemon's supervisor
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _SIZE_PATTERN = re.compile(r"(\d+(?:\.\d*)?)\s*([kmg]i?b?|b)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1 << 10, "mi": MIB}
 _SIZE_UNITS["gi"] = 1 << 30
+_DEVICE_PATTERN = re.compile(r"cpu|sim|cuda:[0-9]{1,2}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,7 @@ class ExecutorConfig:
     """The executor's settings; each field is the flag of the same name (``--page-bytes``)."""
 
     backend: str
+    device: str  # cpu, sim or cuda:N
     listen: str
     name: str
     page_bytes: int
@@ -86,12 +91,19 @@ class ExecutorConfig:
     slowdown: float
     profile_file: str | None
     token: str
+    io_bytes: int
+    workspace_bytes: int
+    cuda_weights: str
 
 
 # --- backends by name -----------------------------------------------------------------------
 
 
 def _onnxruntime(config: ExecutorConfig) -> Backend:
+    if config.device.startswith("cuda:"):
+        return _onnxruntime_cuda(config)
+    if config.device != "cpu":
+        raise ValueError(f"--backend onnxruntime runs on cpu or cuda:N, not {config.device!r}")
     from .arena import NumpyArena
     from .onnxruntime import OnnxRuntimeBackend
 
@@ -100,8 +112,24 @@ def _onnxruntime(config: ExecutorConfig) -> Backend:
     return OnnxRuntimeBackend(arena, intra_op_threads=config.intra_op_threads)
 
 
+def _onnxruntime_cuda(config: ExecutorConfig) -> Backend:
+    from .onnxruntime_cuda import make_cuda_backend
+
+    return make_cuda_backend(
+        config.device,
+        page_bytes=config.page_bytes,
+        weights_bytes=config.weights_bytes or DEFAULT_CUDA_WEIGHTS_BYTES,
+        io_bytes=config.io_bytes,
+        workspace_bytes=config.workspace_bytes,
+        weights_mode="initializers" if config.cuda_weights == "initializers" else "inputs",
+    )
+
+
 def _simulated(config: ExecutorConfig) -> Backend:
     from .simulated import make_simulated_backend
+
+    if config.device not in ("cpu", "sim"):
+        raise ValueError(f"the simulated backend uses no device; {config.device} needs onnxruntime")
 
     return make_simulated_backend(
         config.page_bytes,
@@ -132,6 +160,13 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * _SIZE_UNITS[(unit or "").lower().removesuffix("b")])
 
 
+def parse_device(text: str) -> str:
+    """``cpu``, ``sim`` or ``cuda:N``. Raises argparse.ArgumentTypeError."""
+    if _DEVICE_PATTERN.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"not a device: {text!r} (cpu or cuda:N)")
+    return text
+
+
 def parse_cpus(text: str) -> tuple[int, ...]:
     """``"0,2-3"`` -> (0, 2, 3). Raises argparse.ArgumentTypeError."""
     cpus: set[int] = set()
@@ -159,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("--backend", choices=sorted(BACKENDS), default="onnxruntime")
+    add("--device", type=parse_device, default="cpu", help="cpu, or cuda:N for onnxruntime")
     add("--listen", help="unix:PATH or tcp:HOST:PORT (default: a Unix socket named by --name)")
     add("--name", default="executor", help="this executor's name, for logs and the socket")
     add("--page-bytes", type=parse_bytes, default=DEFAULT_PAGE_BYTES, help="default 16MiB")
@@ -171,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--profile-file", help="simulated: a TOML file of extra duration profiles")
     token_help = "shared secret a controller must present (default: $CLOCKWORK_EXECUTOR_TOKEN)"
     add("--token", default=os.environ.get("CLOCKWORK_EXECUTOR_TOKEN", ""), help=token_help)
+    add("--io-bytes", type=parse_bytes, default=DEFAULT_IO_BYTES, help="cuda: IO buffer")
+    workspace_help = "cuda: ONNX Runtime's arena cap per session (default 1GiB)"
+    add("--workspace-bytes", type=parse_bytes, default=DEFAULT_WORKSPACE_BYTES, help=workspace_help)
+    weights_help = "cuda: weights bound as graph inputs, or as initializers of a session per LOAD"
+    add("--cuda-weights", choices=("inputs", "initializers"), default="inputs", help=weights_help)
     add("--log-level", default="WARNING", help="logging level on stderr")
     return parser
 

@@ -42,7 +42,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -77,19 +77,25 @@ class HostTensor:
     placement: TensorPlacement
 
 
+def _zeroed_bytes(size_bytes: int) -> np.ndarray:
+    return np.zeros(size_bytes, np.uint8)
+
+
 def host_run_images(
     stripped: Sequence[tuple[str, np.ndarray]],
     placements: Sequence[TensorPlacement],
     runs_count: int,
+    allocate: Callable[[int], np.ndarray] = _zeroed_bytes,
 ) -> tuple[tuple[np.ndarray, ...], tuple[HostTensor, ...]]:
     """Host copies of the weights laid out byte for byte as in their arena runs (so a LOAD is
-    one memcpy per run). Returns one uint8 image per run (as long as its used bytes) and the
-    tensors as typed views into them."""
+    one memcpy per run). Returns one uint8 image per run (as long as its used bytes, from
+    ``allocate``: zeroed host memory, or pinned memory for a GPU) and the tensors as typed
+    views into them."""
     used_bytes = [0] * runs_count
     for (_, array), placement in zip(stripped, placements, strict=True):
         end = placement.offset_bytes + array.nbytes
         used_bytes[placement.run_index] = max(used_bytes[placement.run_index], end)
-    images = tuple(np.zeros(size, np.uint8) for size in used_bytes)
+    images = tuple(allocate(size) for size in used_bytes)
     tensors = []
     for (name, array), placement in zip(stripped, placements, strict=True):
         start = placement.offset_bytes
@@ -168,7 +174,7 @@ def cpu_kind_name() -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def _example_feeds(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
+def example_feeds(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
     """Seeded inputs of ``batch_size`` for timing runs (random floats, zero integers)."""
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {}
@@ -203,7 +209,7 @@ def _prepack_variants(prepacking: Prepacking, packable_bytes: int) -> list[bool]
     return [True] if prepacking == "on" else [False, True]
 
 
-def _ort_error(action: str, error: Exception) -> BackendError:
+def ort_error(action: str, error: Exception) -> BackendError:
     """A BackendError for an ONNX Runtime failure: BAD_INPUT for rejected inputs."""
     code = (
         ErrorCode.BAD_INPUT
@@ -307,7 +313,7 @@ class OnnxRuntimeBackend:
                 start_ns = time.perf_counter_ns()
                 sessions.append(self._session(model, host_values, prepack))
                 session_ns.append(time.perf_counter_ns() - start_ns)
-            run_ns = _time_runs_ns(sessions, _example_feeds(model.inputs, batch_size))
+            run_ns = _time_runs_ns(sessions, example_feeds(model.inputs, batch_size))
         except Exception as error:  # the stripped graph must build and run, or it is no model
             raise ort_graph.bad_model(path, f"its stripped graph does not run ({error})") from error
         if len(variants) == 2:
@@ -364,7 +370,7 @@ class OnnxRuntimeBackend:
         try:
             session = self._session(registered, values, registered.prepacked)
         except Exception as error:
-            raise _ort_error(f"create a session for {model.name!r}", error) from error
+            raise ort_error(f"create a session for {model.name!r}", error) from error
         end_ns = time.monotonic_ns()
         loaded = OrtLoadedModel(
             model=registered,
@@ -416,7 +422,7 @@ class OnnxRuntimeBackend:
         try:
             results = session.run_with_ort_values(output_names, feeds)
         except Exception as error:
-            raise _ort_error(f"run {handle.registered.name!r}", error) from error
+            raise ort_error(f"run {handle.registered.name!r}", error) from error
         executed_ns = time.monotonic_ns()
         outputs = {
             name: np.array(value.numpy(), copy=True)

@@ -53,7 +53,11 @@ def executor_specs(config: DaemonConfig, unpinned_cpus: tuple[int, ...] = ()) ->
     controller's pin."""
     shared = ("name", "backend", "page_bytes", "weights_bytes", "intra_op_threads", "slowdown")
     return [
-        ExecutorSpec(**{key: getattr(e, key) for key in shared}, cpus=e.cpus or unpinned_cpus)
+        ExecutorSpec(
+            **{key: getattr(e, key) for key in shared},
+            device=e.device,
+            cpus=e.cpus or unpinned_cpus,
+        )
         for e in local_executors(config)
     ]
 

@@ -70,6 +70,14 @@ class Running:
 
 
 def _case(backend: str, models_dir: Path) -> Case:
+    if backend == "onnxruntime-cuda":  # the CUDA executor: same backend name, a device
+        from clockwork_async.executors.device_ops import cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason("cuda:0")
+        if reason is not None:
+            pytest.skip(f"no CUDA device: {reason}")
+        cpu_case = _case("onnxruntime", models_dir)
+        return Case("onnxruntime", (*cpu_case.args, "--device", "cuda:0"), cpu_case.model_path)
     if backend == "simulated":
         # tiny-sim: 3 MiB of weights = 3 pages of 1 MiB; 8 pages hold two copies.
         args: tuple[str, ...] = ("--page-bytes", "1MiB", "--weights-bytes", "8MiB")
@@ -81,7 +89,7 @@ def _case(backend: str, models_dir: Path) -> Case:
     return Case(backend, ("--backend", backend, *args), str(path))
 
 
-@pytest.fixture(scope="module", params=["simulated", "onnxruntime"])
+@pytest.fixture(scope="module", params=["simulated", "onnxruntime", "onnxruntime-cuda"])
 def executor(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Running]:

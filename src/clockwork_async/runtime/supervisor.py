@@ -48,6 +48,7 @@ class ExecutorSpec:
 
     name: str
     backend: str = "onnxruntime"
+    device: str = "cpu"  # cpu, sim or cuda:N
     cpus: tuple[int, ...] = ()
     page_bytes: int = 16 * MIB
     weights_bytes: int | None = None  # None: the backend's default
@@ -59,6 +60,8 @@ class ExecutorSpec:
     def argv(self, listen: str, python: str = sys.executable) -> list[str]:
         """The command line that starts this executor listening on ``listen``."""
         args = [python, "-m", "clockwork_async.executors.main", "--backend", self.backend]
+        if self.device != "cpu":
+            args += ["--device", self.device]
         args += ["--listen", listen, "--name", self.name, "--page-bytes", str(self.page_bytes)]
         if self.weights_bytes is not None:
             args += ["--weights-bytes", str(self.weights_bytes)]

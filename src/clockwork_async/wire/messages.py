@@ -189,7 +189,10 @@ class ActionResult:
 
     ``start_ns``/``end_ns`` bracket the whole action in the executor's clock (both 0 for an
     action rejected without running). ``durations_ns`` has one entry per phase that ran:
-    ``load`` for LOAD; ``copy_in``, ``execute``, ``copy_out`` for INFER; ``unload`` for UNLOAD.
+    ``load`` for LOAD; ``copy_in``, ``execute``, ``copy_out`` for INFER; ``unload`` for UNLOAD
+    (GPU executors add the same phases timed by CUDA events, ``load_gpu``, ``execute_gpu``...).
+    ``device_clock_mhz`` is the device's SM clock after a successful action, so durations can
+    be normalised by clock; 0 where unknown (CPU and simulated executors).
     """
 
     TAG: ClassVar[str] = "action_result"
@@ -201,6 +204,7 @@ class ActionResult:
     durations_ns: Mapping[str, int] = field(default_factory=dict)
     outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
     pages_free: int = 0
+    device_clock_mhz: int = 0
 
     @property
     def ok(self) -> bool:
