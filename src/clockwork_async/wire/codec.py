@@ -115,6 +115,9 @@ class Encoder:
         header: dict[str, Any] = {"t": schema.cls.TAG}
         for f in schema.fields:
             value = getattr(message, f.name)
+            if type(value) is f.exact_type and f.exact_type is not int:
+                header[f.name] = value  # str, bool, bytes: already what the wire carries
+                continue
             try:
                 header[f.name] = tail.add_map(value) if f.tensors else f.encode(value)
             except SchemaError as e:

@@ -42,6 +42,8 @@ WIRE_DTYPES: dict[str, np.dtype[Any]] = {
     )
 }
 """Tensor dtypes the wire carries, by wire name; the bytes are always little-endian."""
+_WIRE_NAMES: dict[np.dtype[Any], str] = {dtype: name for name, dtype in WIRE_DTYPES.items()}
+# ``dtype.name`` is computed in Python on every call; a dict lookup by dtype is not.
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,18 +354,21 @@ def tensor_view(tail: np.ndarray[Any, Any], ref: TensorRef) -> np.ndarray[Any, A
     return flat.reshape(ref.shape)
 
 
-def _wire_array(value: Any) -> np.ndarray[Any, Any]:
-    """``value`` as a C-contiguous little-endian array of a wire dtype; copies only if needed."""
+def _wire_array(value: Any) -> tuple[str, np.ndarray[Any, Any]]:
+    """``value``'s wire dtype name and the value as a C-contiguous little-endian array of that
+    dtype; copies only if needed."""
     expect(isinstance(value, np.ndarray), "a numpy array", value)
-    wire_dtype = WIRE_DTYPES.get(value.dtype.name)
-    if wire_dtype is None or value.dtype.fields is not None:
-        raise SchemaError(f"unsupported tensor dtype {value.dtype!s}")
     array: np.ndarray[Any, Any] = value
-    if array.dtype != wire_dtype:
-        array = array.astype(wire_dtype)
+    name = _WIRE_NAMES.get(array.dtype)  # the common case: already a wire dtype
+    if name is None:
+        name = array.dtype.name
+        wire_dtype = WIRE_DTYPES.get(name)
+        if wire_dtype is None or array.dtype.fields is not None:
+            raise SchemaError(f"unsupported tensor dtype {array.dtype!s}")
+        array = array.astype(wire_dtype)  # another byte order
     if not array.flags.c_contiguous:
         array = array.copy(order="C")
-    return array
+    return name, array
 
 
 class TailBuilder:
@@ -374,20 +379,22 @@ class TailBuilder:
         self.nbytes = 0
         self.count = 0
 
-    def add(self, array: np.ndarray[Any, Any]) -> list[Any]:
-        """Append ``array``'s bytes (8-byte aligned); return its header entry."""
+    def add(self, dtype_name: str, array: np.ndarray[Any, Any]) -> list[Any]:
+        """Append ``array``'s bytes (8-byte aligned; a wire array, see `_wire_array`); return
+        its header entry."""
         self.count += 1
-        if array.nbytes == 0:
-            return [array.dtype.name, list(array.shape), self.nbytes, 0]
+        nbytes = array.nbytes
+        if nbytes == 0:
+            return [dtype_name, list(array.shape), self.nbytes, 0]
         pad = -self.nbytes % TENSOR_ALIGN_BYTES
         if pad:
             self.pieces.append(_PADDING[:pad])
             self.nbytes += pad
-        ref = [array.dtype.name, list(array.shape), self.nbytes, array.nbytes]
+        ref = [dtype_name, list(array.shape), self.nbytes, nbytes]
         self.pieces.append(array.data.cast("B"))
-        self.nbytes += array.nbytes
+        self.nbytes += nbytes
         return ref
 
     def add_map(self, value: Any) -> dict[str, list[Any]]:
         expect(isinstance(value, Mapping), "a mapping of name -> numpy array", value)
-        return {_enc_str(name): self.add(_wire_array(array)) for name, array in value.items()}
+        return {_enc_str(name): self.add(*_wire_array(array)) for name, array in value.items()}
