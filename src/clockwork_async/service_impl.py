@@ -127,6 +127,9 @@ class DaemonService:
     def cancel(self, request_id: int) -> None:
         self._driver.cancel(request_id)
 
+    def flush(self) -> None:
+        self._driver.flush_arrivals()
+
     def _observe(self, model: str, group: str, deadline_ns: int, outcome: InferOutcome) -> None:
         timing = outcome.timing_ns
         ran = outcome.executor_id is not None

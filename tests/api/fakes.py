@@ -50,6 +50,7 @@ class FakeService:
         self.health_now = Health(live=True, ready=True)
         self.add_gate: asyncio.Event | None = None  # add_model waits on it when set
         self._next_id = 100
+        self.flushes: list[int] = []
 
     # --- Service ---------------------------------------------------------------------------
 
@@ -81,6 +82,9 @@ class FakeService:
         else:
             self._answer(service_id, on_reply, Outcome.UNKNOWN_MODEL, {}, f"no model {model!r}")
         return service_id
+
+    def flush(self) -> None:
+        self.flushes.append(len(self.submitted))  # how many it had been given by then
 
     def cancel(self, request_id: int) -> None:
         self.cancelled.append(request_id)

@@ -86,6 +86,19 @@ async def test_pipelined_requests_are_answered_out_of_order(
     connection.close()
 
 
+async def test_the_service_is_told_when_a_read_s_requests_are_all_in(
+    server: ApiServer, service: FakeService
+) -> None:
+    connection = await raw_client(server.address)
+    for request_id in (1, 2, 3):
+        connection.send(InferRequest(request_id, "hold", {"x": ROW}))
+    await eventually(lambda: len(service.held) == 3)
+    await eventually(lambda: service.flushes and service.flushes[-1] == 3)
+    assert 1 <= len(service.flushes) <= 3  # once per read, not once per request
+    assert service.flushes == sorted(service.flushes)
+    connection.close()
+
+
 async def test_async_client_matches_concurrent_replies(
     server: ApiServer, service: FakeService, client: AsyncClient
 ) -> None:

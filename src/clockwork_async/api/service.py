@@ -79,6 +79,11 @@ class Service(Protocol):
         """Cancel a request by the id ``submit`` returned; unknown ids are ignored."""
         ...
 
+    def flush(self) -> None:
+        """The requests submitted so far came in together: schedule them now (the server
+        calls this when a connection has no more decoded requests)."""
+        ...
+
     def list_models(self) -> list[ModelStatus]:
         """Every registered model."""
         ...

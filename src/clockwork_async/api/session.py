@@ -105,6 +105,8 @@ class ApiSession:
                     ErrorCode.PROTOCOL_ERROR, f"{message.TAG!r} is not a client API message"
                 )
             handler(message)
+            if not connection.queued_messages:
+                self._service.flush()  # this read's requests are all in: schedule them
             if isinstance(message, AddModel | RemoveModel):
                 await self._admin_settled(message.request_id)
             if connection.writing_paused:

@@ -314,6 +314,11 @@ class Driver:
                 self._runner.feed_arrival(RequestArrived(request_id, model, core_deadline_ns))
         return request_id
 
+    def flush_arrivals(self) -> None:
+        """Schedule the requests submitted so far now, together, rather than at the end of
+        this loop round (a caller that knows no more are coming: its read is done)."""
+        self._runner.flush()
+
     def cancel(self, request_id: int) -> None:
         """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
         running (then its result still comes). Unknown or answered ids are ignored."""
