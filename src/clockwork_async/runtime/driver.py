@@ -1,11 +1,10 @@
 """Drives the pure controller core in real time against executor processes.
 
 Every event goes to ``Controller.handle(event, now_ns)`` with ``now_ns`` read from the injected
-monotonic clock at that moment; the commands it returns are performed at once: StartInfer
-stacks the requests' rows into a batch (`batching`), converts its window to the executor's
-clock (`clock_sync`) and sends Infer; StartLoad/StartUnload send Load/Unload; Reply answers a
-request; WakeAt arms the one `WakeTimer`. Results come back as ActionFinished in controller
-time, ``duration_ns`` being the measured execute (or load) phase.
+monotonic clock at that moment; the commands it returns are performed at once: StartInfer,
+StartLoad and StartUnload go to `actions.Actions` (rows stacked into a batch, the window
+converted to the executor's clock, the message sent; results come back as ActionFinished in
+controller time); Reply answers a request; WakeAt arms the one `WakeTimer`.
 
 Invariants:
 - Each submitted request's ``on_reply`` is called exactly once: an accepted request leaves the
@@ -31,11 +30,9 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
-from functools import partial
 
 import numpy as np
 
-from clockwork_async.connection import ConnectionClosed
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
 from clockwork_async.core.events import (
@@ -58,12 +55,13 @@ from clockwork_async.core.events import (
 )
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
+from clockwork_async.runtime.actions import ActionListener, Actions
 from clockwork_async.runtime.batching import BadInput, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.dispatch import CoreRunner
-from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
+from clockwork_async.runtime.executor_link import ExecutorLink
 from clockwork_async.runtime.executors import ExecutorPool
-from clockwork_async.runtime.hop import ReturnHop, judge
+from clockwork_async.runtime.hop import judge
 from clockwork_async.runtime.models import (
     RegisteredModel,
     Registration,
@@ -73,7 +71,6 @@ from clockwork_async.runtime.models import (
 from clockwork_async.runtime.profiler import RegistrationProfile
 from clockwork_async.runtime.registration import ModelSource, RegistrationError
 from clockwork_async.runtime.requests import (
-    ActionRecord,
     InferOutcome,
     PendingRequest,
     RequestBook,
@@ -81,12 +78,10 @@ from clockwork_async.runtime.requests import (
 from clockwork_async.runtime.snapshot import (
     DriverSnapshot,
     ExecutorRecord,
-    PredictionErrors,
     model_snapshot,
 )
 from clockwork_async.runtime.supervisor import Supervisor
 from clockwork_async.runtime.timers import LagProbe, WakeTimer
-from clockwork_async.wire.messages import ActionResult, Message
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +102,6 @@ _MOVES = {
 
 
 OutcomeListener = Callable[[str, InferOutcome], None]  # (model, outcome)
-ActionListener = Callable[[ActionRecord, ActionResult], None]
 ExecutorListener = Callable[[str, bool, str], None]  # (executor id, up, reason)
 
 
@@ -132,7 +126,7 @@ class Driver:
             self._perform,
             self._after_event,
             defer=_call_soon,
-            performed=self._flush_links,
+            performed=self._actions_performed,
         )
         self._feed = self._runner.feed
         self._state = DriverState.RUNNING
@@ -156,13 +150,12 @@ class Driver:
         self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
-        self._send_ns = 0  # time encoding and writing actions to executor sockets
-        self._written: set[ExecutorLink] = set()  # links with actions held back this round
-        self._prediction_errors = PredictionErrors()
-        self._return_hop = ReturnHop()
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
+        self._actions = Actions(
+            self._book, self._pool, self._models, self._feed, now_ns, self.action_listeners
+        )
 
     # --- executors ------------------------------------------------------------------------
 
@@ -310,7 +303,7 @@ class Driver:
             else:
                 self._start()
                 self._book.add_request(request)
-                core_deadline_ns = deadline_ns - self._return_hop.estimate_ns
+                core_deadline_ns = deadline_ns - self._actions.return_hop.estimate_ns
                 self._runner.feed_arrival(RequestArrived(request_id, model, core_deadline_ns))
         return request_id
 
@@ -340,13 +333,13 @@ class Driver:
     def _perform(self, command: Command, now_ns: int) -> int:
         """Carry out one command; returns ns spent in callers' callbacks."""
         if isinstance(command, StartInfer):
-            self._start_infer(command, now_ns)
+            self._actions.start_infer(command, now_ns)
         elif isinstance(command, Reply):
             return self._reply(command)
         elif isinstance(command, WakeAt):
             self._timer.arm(command.time_ns)
         elif isinstance(command, StartLoad | StartUnload):
-            self._start_weights(command, now_ns)
+            self._actions.start_weights(command, now_ns)
         else:
             log.error("unknown command %r", command)
         return 0
@@ -354,82 +347,8 @@ class Driver:
     def _on_wake(self) -> None:
         self._feed(Tick())
 
-    # --- actions ----------------------------------------------------------------------------
-
-    def _link_for(self, executor_id: str) -> ExecutorLink | None:
-        return self._pool.link_for(executor_id)
-
-    def _start_infer(self, command: StartInfer, now_ns: int) -> None:
-        link = self._link_for(command.executor_id)
-        model = self._models.get(command.model)
-        if link is None or model is None:
-            self._action_failed(command.executor_id, command.action_id, "no such executor/model")
-            return
-        action = ActionRecord.infer(command, now_ns)
-        message = self._book.infer_message(action, model.inputs, link.clock.offset_ns)
-        if message is None:
-            self._action_failed(command.executor_id, command.action_id, "its requests are gone")
-            return
-        self._send(link, action, message)
-
-    def _start_weights(self, command: StartLoad | StartUnload, now_ns: int) -> None:
-        link = self._link_for(command.executor_id)
-        if link is None:
-            self._action_failed(command.executor_id, command.action_id, "no such executor")
-        elif isinstance(command, StartLoad):
-            action = ActionRecord.load(command, now_ns)
-            self._send(link, action, action.load_message(link.clock.offset_ns))
-        else:
-            action = ActionRecord.unload(command, now_ns)
-            self._send(link, action, action.unload_message())
-
-    def _send(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
-        self._book.add_action(action)
-        started_ns = time.perf_counter_ns()
-        try:
-            link.send_action(message, action.action_id, partial(self._on_result, link, action))
-            self._written.add(link)
-            self._send_ns += time.perf_counter_ns() - started_ns
-        except (LinkDown, ConnectionClosed) as error:
-            # The socket died before the reader noticed: the executor leaves now, and the core
-            # re-plans this action's requests with the rest of its work.
-            link.fail(f"sending failed: {error}")
-        except Exception as error:  # EncodeError or a bug: this action alone fails
-            log.exception("sending action %d to %s failed", action.action_id, action.executor_id)
-            self._book.finish_action(action.action_id)
-            self._action_failed(action.executor_id, action.action_id, str(error))
-
-    def _flush_links(self) -> None:
-        """The actions of one handling went out together; write them now, not at the end of
-        a loop round that may be long (a burst of arrivals)."""
-        for link in self._written:
-            link.flush()
-        self._written.clear()
-
-    def _action_failed(self, executor_id: str, action_id: int, why: str) -> None:
-        log.debug("action %d on %s not sent: %s", action_id, executor_id, why)
-        self._feed(ActionFinished(executor_id, action_id, code="internal"))
-
-    def _on_result(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
-        if self._book.action(action.action_id) is not action:
-            return  # resolved already (its executor left)
-        if not isinstance(message, ActionResult):
-            message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
-        action.result = message
-        action.received_ns = self._now_ns()
-        action.offset_ns = link.clock.offset_ns
-        if message.end_ns:
-            self._return_hop.add(action.received_ns - (message.end_ns - action.offset_ns))
-        record = self._pool.records.get(action.executor_id)
-        if record is not None:
-            record.pages_free = message.pages_free or record.pages_free
-            action.track_loaded(record.loaded, message)
-        if action.kind == "infer" and message.ok:
-            self._prediction_errors.add(
-                action.model, message.durations_ns.get("execute", 0) - action.predicted_ns
-            )
-        _call_all(self.action_listeners, action, message)
-        self._feed(action.finished_event(message, link.clock.offset_ns))
+    def _actions_performed(self) -> None:
+        self._actions.flush()
 
     # --- replies ----------------------------------------------------------------------------
 
@@ -518,12 +437,12 @@ class Driver:
             submitted=submitted,
             outcomes=dict(self._book.outcomes),
             core_counters=dict(core.stats(with_executors=False).counters),
-            prediction_errors=self._prediction_errors.snapshot(),
+            prediction_errors=self._actions.prediction_errors.snapshot(),
             loop_lag=self._lag.stats(),
             timer=self._timer.stats(),
             core_ns_per_request=self._runner.core_ns / submitted if submitted else 0.0,
             driver_ns_per_request=self._runner.dispatch_ns / submitted if submitted else 0.0,
-            send_ns_per_request=self._send_ns / submitted if submitted else 0.0,
+            send_ns_per_request=self._actions.send_ns / submitted if submitted else 0.0,
         )
 
 
