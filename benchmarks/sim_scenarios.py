@@ -26,19 +26,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from clockwork_async.sim.engine import SimConfig, Simulation, build_controller
-from clockwork_async.sim.profiles import RESNET50_V100
-from clockwork_async.sim.report import capacity_rps, summarize, timeline_arrays
+from benchmarks.sim_common import (
+    AZURE_SAMPLE,
+    B1_MS,
+    POLICIES,
+    PROFILE,
+    RESULTS,
+    Row,
+    interval_for,
+    run_sim,
+)
+from clockwork_async.sim.report import capacity_rps
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
 from clockwork_async.sim.workloads import Workload, poisson, ramp, slo_sweep_ms, trace_replay
 
-POLICIES = ("clockwork", "fifo", "timeout")
-AZURE_SAMPLE = Path("/work/shared/data/traces/azure-functions-2019-500/invocations.csv")
-RESULTS = Path("results")
-PROFILE = RESNET50_V100
-B1_MS = PROFILE.execute_ns[1] / 1e6
-
-Row = dict[str, Any]
+__all__ = ["AZURE_SAMPLE", "B1_MS", "POLICIES", "PROFILE", "simulate"]
 
 
 def simulate(
@@ -51,28 +53,23 @@ def simulate(
     preload: bool = False,
 ) -> tuple[Row, dict[str, list[float]]]:
     """One run; returns its summary (tagged with scenario and case) and its timeline."""
-    duration_s = workload.duration_ns / 1e9
-    interval_ns = max(1, round(duration_s / 300)) * 1_000_000_000
-    config = SimConfig(
-        executors=executors,
-        profile=PROFILE,
-        slo_ns=round(slo_ms * 1e6),
-        interval_ns=interval_ns,
-        progress_s=30.0,
-        preload=preload,
-    )
     wall_start = time.perf_counter()
-    stats = Simulation(config, workload, build_controller(policy), progress=sys.stderr).run()
-    settings = {"policy": policy, "executors": executors, "slo_ms": slo_ms, "preload": preload}
-    summary = summarize(stats, workload.duration_ns, settings, workload.describe())
-    summary.update(scenario=scenario, case=case, policy=policy)
+    run = run_sim(
+        workload,
+        executors=executors,
+        slo_ms=slo_ms,
+        policy=policy,
+        preload=preload,
+        interval_ns=interval_for(workload.duration_ns / 1e9),
+    )
+    run.summary.update(scenario=scenario, case=case, policy=policy)
     print(
-        f"  {scenario} {case} {policy}: {stats.requests:,} requests in "
+        f"  {scenario} {case} {policy}: {run.summary['requests']:,} requests in "
         f"{time.perf_counter() - wall_start:.1f} s wall",
         file=sys.stderr,
         flush=True,
     )
-    return summary, timeline_arrays(stats, workload.duration_ns)
+    return run.summary, run.series
 
 
 def scenario_a(quick: bool) -> list[tuple[Row, dict[str, list[float]]]]:
