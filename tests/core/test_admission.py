@@ -213,3 +213,15 @@ def test_an_outlier_that_makes_everything_infeasible_is_forgotten_once_stale() -
     # ... so the next request runs and its measurement teaches the window again.
     (infer,) = only(h.request(5, "a", 10 * MS), StartInfer)
     assert infer.predicted_ns == B1
+
+
+def test_a_cold_start_goes_where_pages_are_free_rather_than_evicting() -> None:
+    h = Harness()
+    h.register("a", "b", "c")
+    h.join("e1", pages=14, loaded=("a", "b"))  # full of idle models, joined first
+    h.join("e2", pages=14)  # empty
+    commands = h.request(1, "c", 100 * MS, at_ns=MS)  # both could serve it as soon
+    assert only(commands, StartUnload) == []  # an eviction now would be a LOAD later
+    (load,) = only(commands, StartLoad)
+    assert (load.executor_id, load.model) == ("e2", "c")
+    assert h.ctl.executor("e1").loaded == ("a", "b")

@@ -105,17 +105,24 @@ def quote_cold(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
         load_start_ns = executor.load_lane.start_for(now_ns) + executor.reserved_load_ns
         ready_ns = load_start_ns + load_ns
         base_ns = max(booked_end_ns(executor, now_ns), ready_ns)
-        if best is not None and base_ns >= best.finish_ns:
-            continue
         quote = _quote_on(core, model, executor, base_ns, internal_deadline_ns)
-        if best is not None and quote.finish_ns >= best.finish_ns:
-            continue
         # Pages now: free, or held by evicting idle models (never ones with queued work).
         victims = choose_victims(core, executor, need_pages, False, for_model=model)
-        if victims is not None:
-            quote.ready_ns, quote.load_ns, quote.victims = ready_ns, load_ns, victims
+        if victims is None:
+            continue
+        quote.ready_ns, quote.load_ns, quote.victims = ready_ns, load_ns, victims
+        if best is None or _better_cold(quote, best, internal_deadline_ns):
             best = quote
     return best
+
+
+def _better_cold(quote: Quote, best: Quote, internal_deadline_ns: int) -> bool:
+    """Whether a cold start as ``quote`` says beats ``best``: when both meet the deadline, one
+    that evicts nothing wins (an eviction now is a LOAD later), then the one ending sooner;
+    otherwise the one ending sooner."""
+    if quote.finish_ns <= internal_deadline_ns and best.finish_ns <= internal_deadline_ns:
+        return (bool(quote.victims), quote.finish_ns) < (bool(best.victims), best.finish_ns)
+    return quote.finish_ns < best.finish_ns
 
 
 def booked_end_ns(executor: ExecutorState, now_ns: int) -> int:
