@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Run every benchmark in sequence and collect its JSON, PNGs and printed output in results/.
 #
-#   benchmarks/run_all.sh            # full modes (about an hour on 2 cores)
-#   benchmarks/run_all.sh --quick    # quick modes (about ten minutes)
+#   benchmarks/run_all.sh            # full modes (several hours on 2 cores)
+#   benchmarks/run_all.sh --quick    # quick modes (about 40 minutes)
+#
+# The paper's experiments come first (issue 5: predictability, slo_sweep, thousands, azure,
+# isolation, scale, and peer_ray, which installs Ray Serve into .bench-venv/ray on first use),
+# then the component and reliability benchmarks.
 #
 # Each benchmark's stdout+stderr goes to results/<name>.log (and the terminal); the load
 # average before and after each one goes to results/run_all.log, since these numbers are only
@@ -37,6 +41,13 @@ run() {
         "(uptime:$(uptime | sed 's/.*load average/ load average/'))" | tee -a "$summary"
 }
 
+run predictability benchmarks.predictability $mode
+run slo_sweep benchmarks.slo_sweep $mode
+run thousands benchmarks.thousands $mode
+run azure benchmarks.azure $mode
+run isolation benchmarks.isolation $mode
+run scale benchmarks.scale $mode
+run peer_ray benchmarks.peer_ray $mode
 run codec benchmarks.codec $mode --json results/codec.json
 run executor benchmarks.executor $mode --json results/executor.json
 run sim_scenarios benchmarks.sim_scenarios $mode --out results

@@ -53,6 +53,8 @@ class Recorder:
     sent: int = 0
     answered: int = 0
     last_send_ns: int = 0
+    slo_ns: int = 0  # when set, ok replies received later than this after sending are counted
+    ok_after_slo: int = 0
 
     def on_sent(self, scheduled_ns: int, sent_ns: int) -> None:
         self.stats.on_arrival(sent_ns, False)
@@ -70,6 +72,8 @@ class Recorder:
             self.errors[answer.status] += 1
             return
         self.stats.on_reply(outcome, now_ns, sent_ns)
+        if outcome is Outcome.OK and self.slo_ns and now_ns - sent_ns > self.slo_ns:
+            self.ok_after_slo += 1
         if "total" in answer.timing_ns:
             self.daemon_us[answer.timing_ns["total"] // 1000] += 1
 
@@ -199,6 +203,7 @@ def summarize(run: Run, duration_ns: int, workload: Mapping[str, Any]) -> dict[s
         "offered_rps": round(rec.sent / duration_s, 3),
         "latency_ms": latency_summary_ms(rec.stats.latency_us),
         "late_latency_ms": latency_summary_ms(rec.stats.late_latency_us),
+        "ok_after_slo": rec.ok_after_slo,
         "daemon_latency_ms": latency_summary_ms(rec.daemon_us),
         "ok_over_accepted": ok / accepted if accepted else None,
         "ok_over_requests": ok / rec.sent if rec.sent else None,
@@ -317,6 +322,7 @@ async def bench(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
         inputs = {m: random_inputs(served[m].inputs, rng) for m in models}
         workload = None if args.concurrency else open_workload(args, len(models))
         run = Run(client, inputs)
+        run.recorder.slo_ns = round(args.slo_ms * 1_000_000)
         progress = None
         if args.progress_s > 0:
             progress = asyncio.create_task(report_progress(run, args.progress_s, sys.stderr))
