@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections import Counter
 from pathlib import Path
 
 from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, Outcome
@@ -177,5 +178,8 @@ async def test_a_slowed_executor_answers_once_and_predictions_follow_it(tmp_path
         assert {reply.outcome for reply in replies.outcomes.values()} <= ACCEPTED_ENDINGS | {
             Outcome.INFEASIBLE
         }
-        batch_size, last_ns = predicted[-1]
-        assert last_ns >= 2 * EXECUTE_NS[SLOW_LOAD][batch_size]  # re-learned: about 3x
+        # The batch size run most often has re-learned (one first run late in the test may
+        # still carry its seed): about 3x its profile.
+        batch_size = Counter(size for size, _ in predicted).most_common(1)[0][0]
+        last_ns = [ns for size, ns in predicted if size == batch_size][-1]
+        assert last_ns >= 2 * EXECUTE_NS[SLOW_LOAD][batch_size]
