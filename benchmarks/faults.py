@@ -48,6 +48,7 @@ from benchmarks.common import (
     DaemonProcess,
     add_model,
     daemon_config,
+    keep_log,
     load_average,
     machine_description,
     nearest_rank,
@@ -460,7 +461,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --faults >= 1, --rate > 0 and --executors >= 2")
     machine = machine_description()
     with tempfile.TemporaryDirectory(prefix="cw-faults-") as folder:
-        result = run_uvloop(run(plan, Path(folder)))
+        try:
+            result = run_uvloop(run(plan, Path(folder)))
+        finally:  # the daemon's log explains slow recoveries (restart attempts, backoff)
+            keep_log(Path(folder) / "daemon.log", RESULTS / f"{args.json.stem}-daemon.log")
     result = {"quick": args.quick, "machine": machine, **result}
     result["load_average_after"] = load_average()
     print_report(result)

@@ -13,8 +13,8 @@ oversized or huge declared lengths, random bytes, bit flips, fields of the wrong
 or executor-side tags, deep nesting, tensors that disagree with dtype x shape, a second hello).
 After a hostile frame it waits for the daemon to close the connection (5 s; then it
 half-closes, counted as ``waited_for_more_bytes``: a frame the bit flips left incomplete);
-otherwise it half-closes at once, which ends the connection (the daemon drops the replies
-still due). A connection still open 30 s after the half-close counts as ``hung``. Frames come
+otherwise it half-closes at once (the daemon answers what it has in flight, then closes). A
+connection still open 30 s after the half-close counts as ``hung``. Frames come
 from a seeded `random.Random`, so a run can be repeated.
 
 Meanwhile the well-behaved client (this process, its own connection) sends one infer at a
@@ -23,8 +23,9 @@ time, 10 ms apart, before the fuzzer starts, while it runs and after it ends.
 Reported: crashes (goal 0: the daemon process still alive, ``health`` live and ready, no
 executor restarted), frames sent and their rate, connections, errors the daemon sent by code,
 connections closed by the server with an error, hung connections, the well-behaved client's
-statuses and p50/p99 before / during / after, and the daemon's peak RSS. Writes
-``results/fuzz_api.json``.
+statuses and p50/p99 before / during / after, and the daemon's RSS (start, peak, end, and
+every 5 s with its open descriptors). Writes ``results/fuzz_api.json``; the fuzzer prints
+its progress every 50,000 frames.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from benchmarks.overload import ProcSampler, start_daemon
 from clockwork_async.client import AsyncClient, ClientError
 
 PREFIX = struct.Struct(">II")
+PROGRESS_FRAMES = 50_000  # the fuzzer reports on stderr every this many frames
 READ_TIMEOUT_S = 30.0
 GOOD_PERIOD_S = 0.01
 GOOD_SLO_MS = 100.0
@@ -284,6 +286,14 @@ async def _ended(reading: asyncio.Future[None], timeout_s: float, counts: Counte
     return True
 
 
+def progress(before: int, now: int, total: int, start: float, counts: Counter[str]) -> None:
+    """Print a line on stderr each time the frames sent pass a multiple of PROGRESS_FRAMES."""
+    if now // PROGRESS_FRAMES > before // PROGRESS_FRAMES:
+        rate = now / (time.monotonic() - start)
+        line = f"  fuzzer: {now}/{total} frames ({rate:.0f}/s), hung {counts['hung']}"
+        print(line, file=sys.stderr, flush=True)
+
+
 async def fuzz(address: str, total_frames: int, connections: int, seed: int) -> dict[str, Any]:
     """Send ``total_frames`` over ``connections`` concurrent connections; returns counts."""
     counts: Counter[str] = Counter()
@@ -298,6 +308,7 @@ async def fuzz(address: str, total_frames: int, connections: int, seed: int) -> 
                 frames, expect_close = frames[: total_frames - state["frames"]], False
             state["frames"] += len(frames)
             counts["bytes"] += sum(len(f) for f in frames)
+            progress(state["frames"] - len(frames), state["frames"], total_frames, start, counts)
             try:
                 await one_connection(address, frames, expect_close, counts)
             except OSError:
@@ -394,6 +405,11 @@ async def session(address: str, args: argparse.Namespace, pid: int) -> dict[str,
             "peak": sampler.peak("daemon_rss_mib"),
             "end": sampler.samples[-1]["daemon_rss_mib"],
         },
+        # every 5 s: whether the daemon's memory grows with frames or levels off
+        "daemon_rss_series": [
+            (s["t_s"], round(s["daemon_rss_mib"], 2), s["daemon_fds"])
+            for s in sampler.samples[::20]
+        ],
     }
 
 

@@ -12,12 +12,14 @@ daemon's resident memory and open descriptors, and its executors' memory, from /
 Reported: requests sent, answers by status, lost (goal 0), ok latency; RSS drift: the median
 daemon RSS over the last tenth of the run against the median over the tenth after a warm-up
 tenth (goal < 5%); open descriptors at the start of the load, at its end and after the client
-disconnected (goal: no growth). Writes ``results/soak.json`` and ``results/soak.png``.
+disconnected (goal: no growth); the fraction answered ``ok`` by minute of sending. Writes
+``results/soak.json`` and ``results/soak.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
@@ -33,7 +35,15 @@ from benchmarks.common import (
     summarize_ns,
     write_report,
 )
-from benchmarks.overload import Phase, ProcSampler, drive, rule_capacity_rps, start_daemon
+from benchmarks.overload import (
+    BIN_S,
+    LoadRun,
+    Phase,
+    ProcSampler,
+    drive,
+    rule_capacity_rps,
+    start_daemon,
+)
 
 
 def window_median(
@@ -52,6 +62,19 @@ def drift(samples: list[dict[str, float]], key: str, load_s: float) -> dict[str,
     late = window_median(samples, key, load_s - tenth_s, load_s)
     change = None if not early or late is None else round((late - early) / early, 4)
     return {"early": early, "late": late, "drift": change}
+
+
+def ok_by_minute(load_run: LoadRun, load_s: float) -> list[dict[str, Any]]:
+    """Requests sent in each minute of the load and the fraction of them answered ``ok``, so
+    a run can tell a steady shortfall from a bad stretch (another job on the machine)."""
+    bins_per_minute = round(60 / BIN_S)
+    rows = []
+    for minute in range(math.ceil(load_s / 60)):
+        bins = range(minute * bins_per_minute, (minute + 1) * bins_per_minute)
+        sent = sum(load_run.sent_bins[b] for b in bins)
+        ok = sum(load_run.ok_by_sent_bin[b] for b in bins)
+        rows.append({"minute": minute, "sent": sent, "ok_fraction": round(ok / max(1, sent), 4)})
+    return rows
 
 
 def descriptors(sampler: ProcSampler, load_s: float) -> dict[str, Any]:
@@ -112,6 +135,7 @@ def run(minutes: float, load: float, slowdown: float, slo_ms: float) -> dict[str
         "lost": lost,
         "ok_fraction": round(statuses["ok"] / max(1, load_run.sent), 5),
         "ok_latency": summarize_ns(load_run.latency_ns["soak"]),
+        "ok_by_minute": ok_by_minute(load_run, load_s),
         "daemon_rss_mib": drift(sampler.samples, "daemon_rss_mib", load_s),
         "executors_rss_mib": drift(sampler.samples, "executors_rss_mib", load_s),
         "daemon_fds": descriptors(sampler, load_s),
@@ -134,6 +158,8 @@ def print_report(result: dict[str, Any]) -> None:
         f"daemon fds start {fds['start']}, end {fds['end']}, after disconnect "
         f"{fds['after_disconnect']} (goal: no growth); alive {result['daemon_alive']}"
     )
+    minutes = ", ".join(f"{row['ok_fraction']:.3f}" for row in result["ok_by_minute"])
+    print(f"ok fraction by minute: {minutes}")
 
 
 def main(argv: list[str] | None = None) -> int:

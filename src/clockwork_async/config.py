@@ -74,6 +74,11 @@ class ServerConfig:
     max_outstanding_total: int = ranged(65536, 1, 10_000_000)
     max_frame_bytes: int = ranged(64 * MiB, 64 * 1024, 2 * GiB)
     drain_timeout_s: float = ranged(10.0, 0.0, 3600.0)
+    hello_timeout_s: float = ranged(10.0, 0.1, 3600.0)  # connect to hello, else closed
+    max_write_buffer_bytes: int = ranged(1 * MiB, 4096, 1 * GiB)  # unsent replies: stop reading
+    max_queued_messages: int = ranged(256, 1, 1_000_000)  # decoded, not handled: stop reading
+    max_uploads_in_flight: int = ranged(4, 1, 1024)  # add_model calls, all connections
+    max_upload_bytes_in_flight: int = ranged(256 * MiB, 64 * 1024, 64 * GiB)  # their bytes
     log_format: LogFormat = LogFormat.PLAIN
     log_level: LogLevel = LogLevel.INFO
     infer_token: str = secret()
@@ -400,6 +405,12 @@ def _check_server(server: ServerConfig) -> None:
             "server.max_outstanding_per_connection",
             server.max_outstanding_per_connection,
             f"at most server.max_outstanding_total ({server.max_outstanding_total})",
+        )
+    if server.max_upload_bytes_in_flight < server.max_frame_bytes:
+        raise ConfigError(
+            "server.max_upload_bytes_in_flight",
+            server.max_upload_bytes_in_flight,
+            f"at least server.max_frame_bytes ({server.max_frame_bytes}), the largest upload",
         )
     for key in ("infer_token", "admin_token"):
         _check_token(f"server.{key}", getattr(server, key))

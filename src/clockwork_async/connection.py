@@ -8,6 +8,9 @@ Invariants:
   they fall to half; beyond that only one frame in flight and one read chunk are held.
 - `recv` returns messages in arrival order, then raises the one ending: `ProtocolError` for
   bad bytes (reading stops, nothing is sent), `ConnectionClosed` once the connection ended.
+- A connection made with ``allow_half_close`` stays writable after the peer ends its writing
+  (plain sockets; TLS closes both ways): `recv` raises ConnectionClosed after the last
+  message, `peer_done_writing` is true and `send` still works until `close`.
 - No future is ever failed: waiters sleep on Events and re-check state when woken, so a
   cancelled waiter never leaves an unretrieved exception behind.
 - Bytes go out in the order `send` was called. The first message of a loop iteration is
@@ -118,6 +121,7 @@ class Connection:
         max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         write_high_water_bytes: int | None = None,
+        allow_half_close: bool = False,
     ) -> None:
         if max_queued_messages < 1 or max_queued_bytes < 1:
             raise ValueError("max_queued_messages and max_queued_bytes must be positive")
@@ -128,6 +132,8 @@ class Connection:
         self._max_queued_messages = max_queued_messages
         self._max_queued_bytes = max_queued_bytes
         self._write_high_water_bytes = write_high_water_bytes
+        self._allow_half_close = allow_half_close
+        self._peer_done_writing = False
         self._state = ConnectionState.OPENING
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -157,6 +163,11 @@ class Connection:
     def queued_messages(self) -> int:
         """Messages received and decoded that `recv` has not returned yet."""
         return self._decoder.buffered_messages
+
+    @property
+    def peer_done_writing(self) -> bool:
+        """True once the peer ended its writing and this side may still send (half-close)."""
+        return self._peer_done_writing and self._state is ConnectionState.OPEN
 
     @property
     def reading_paused(self) -> bool:
@@ -266,9 +277,14 @@ class Connection:
             self._pause_reading()
         self._readable.set()
 
-    def _on_eof(self) -> None:
+    def _on_eof(self) -> bool:
+        """End of input; returns True to keep writing (half-close allowed, plain socket)."""
         mid_frame = " mid-frame" if self._decoder.mid_frame else ""
         self._end(f"the peer closed the connection{mid_frame}")
+        transport = self._transport
+        tls = transport is not None and transport.get_extra_info("sslcontext") is not None
+        self._peer_done_writing = self._allow_half_close and not tls
+        return self._peer_done_writing
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
         self._end("connection lost" + ("" if exc is None else f": {exc!r}"))
@@ -349,8 +365,8 @@ class _WireProtocol(asyncio.BufferedProtocol):
         self._connection._on_bytes(nbytes)
 
     def eof_received(self) -> bool | None:
-        self._connection._on_eof()
-        return None  # let the transport close: this protocol has no half-open use
+        # True keeps the transport open for writing (a half-close the connection allows).
+        return self._connection._on_eof() or None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connection._on_connection_lost(exc)
@@ -374,6 +390,7 @@ def _factory(
     max_queued_messages: int,
     max_queued_bytes: int,
     write_high_water_bytes: int | None = None,
+    allow_half_close: bool = False,
 ) -> ConnectionFactory:
     return functools.partial(
         Connection,
@@ -382,6 +399,7 @@ def _factory(
         max_queued_messages=max_queued_messages,
         max_queued_bytes=max_queued_bytes,
         write_high_water_bytes=write_high_water_bytes,
+        allow_half_close=allow_half_close,
     )
 
 
@@ -429,16 +447,23 @@ async def start_server(
     max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES,
     max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
     write_high_water_bytes: int | None = None,
+    allow_half_close: bool = False,
     ssl: ssl_module.SSLContext | None = None,
 ) -> asyncio.Server:
     """Serve ``address`` (over TLS with ``ssl``): each accepted connection runs
-    ``handler(connection)`` in its own task and is closed when the handler returns. A handler
+    ``handler(connection)`` in its own task and is closed when the handler returns (with
+    ``allow_half_close``, a handler may still send after its peer ended writing). A handler
     that raises ProtocolError has an Error message sent to its peer first; ConnectionClosed
     ends it quietly; anything else is logged. Raises ValueError for a bad address, OSError if
     it cannot listen there."""
     parsed = parse_address(address)
     new_connection = _factory(
-        limits, expect_hello, max_queued_messages, max_queued_bytes, write_high_water_bytes
+        limits,
+        expect_hello,
+        max_queued_messages,
+        max_queued_bytes,
+        write_high_water_bytes,
+        allow_half_close,
     )
     tasks: set[asyncio.Task[None]] = set()
 

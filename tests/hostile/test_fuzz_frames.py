@@ -323,6 +323,23 @@ def test_a_consistent_tensor_of_the_wrong_shape_is_a_bad_input_reply(
     assert reply["status"] == "bad_input" and reply["message"]
 
 
+def test_a_tail_nothing_refers_to_is_refused_before_it_is_read(
+    daemon: DaemonProcess, good: GoodClient
+) -> None:
+    # A hello (no tensors, no token checked yet) declaring 60 MiB of tail, and an infer whose
+    # tail is far longer than its one tensor: each is refused on its header, so the daemon
+    # never buffers bytes nothing refers to.
+    hello = msgpack.packb(
+        {"t": "hello", "protocol_version": 1, "role": "client", "name": "x", "token": ""}
+    )
+    for data in (PREFIX.pack(len(hello), 60 << 20) + hello, HELLO + frame(INFER_HEADER, TAIL * 64)):
+        with RawClient(daemon.api) as raw:
+            raw.send(data)
+            ending = raw.read_until_closed()
+        assert ending.how == "eof" and ending.errors == ["protocol_error"], ending.headers
+        assert "tail" in ending.headers[-1]["message"]
+
+
 def test_the_oracle_names_what_it_should() -> None:
     assert expected_error(HELLO + infer_frame(1)) is None
     assert expected_error(hello_frame(version=2)) == "unsupported_version"

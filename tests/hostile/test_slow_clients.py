@@ -1,6 +1,6 @@
 """Clients that hold the daemon's resources: slow readers, slowloris writers, many idle
-connections, and clients that vanish mid-request. Against the real daemon (one simulated
-executor); a well-behaved client on its own connection is served ``ok`` throughout.
+connections, clients that vanish mid-request or half-close. Against the real daemon (one
+simulated executor); a well-behaved client on its own connection is served ``ok`` throughout.
 
 Memory claims are checked on the daemon's resident set (/proc/PID/status); what stays open
 is checked on its descriptors (/proc/PID/fd) and on its own ``stats``.
@@ -37,7 +37,7 @@ from .support import (
 MiB = 1 << 20
 MAX_CONNECTIONS = 1010
 IDLE_CONNECTIONS = 1000
-HELLO_TIMEOUT_S = 10.0  # api.server.ServerLimits.hello_timeout_s (not configurable)
+HELLO_TIMEOUT_S = 2.0  # server.hello_timeout_s of this daemon (the default is 10 s)
 SLOW_READER_REQUESTS = 200_000  # 22 MB of requests, each answered by a 4 KB reply or a refusal
 SLOW_READER_RSS_BOUND_BYTES = 64 * MiB
 IDLE_RSS_PER_CONNECTION_BOUND_BYTES = 64 * 1024
@@ -48,7 +48,8 @@ UPLOADS_RSS_BOUND_BYTES = 128 * MiB  # the inbound queue (64 MiB) and a few uplo
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     folder = tmp_path_factory.mktemp("slow-clients")
-    process = start_daemon(folder, server=f"max_connections = {MAX_CONNECTIONS}")
+    limits = f"max_connections = {MAX_CONNECTIONS}\nhello_timeout_s = {HELLO_TIMEOUT_S}"
+    process = start_daemon(folder, server=limits)
     try:
         yield process
     finally:
@@ -132,18 +133,34 @@ def test_a_client_that_vanishes_mid_request_has_its_requests_cancelled(
     assert wait_until(lambda: open_fds(daemon.pid) <= fds_before)
 
 
+def test_a_half_closed_client_gets_every_reply_then_end_of_input(
+    daemon: DaemonProcess, good: GoodClient
+) -> None:
+    with RawClient(daemon.api) as raw:
+        assert raw.hello()["t"] == "hello"
+        raw.send(infer_frames(500))
+        raw.end_writing()  # shutdown(SHUT_WR): it still reads
+        ending = raw.read_until_closed()
+    assert ending.how == "eof", ending.how
+    assert [h["status"] for h in ending.headers] == ["ok"] * 500
+    assert {h["request_id"] for h in ending.headers} == {1 << 20 | i for i in range(500)}
+
+
 def _settled(snapshot: dict[str, Any], keep: dict[str, Any]) -> bool:
     """True (and ``snapshot`` copied into ``keep``) when nothing is outstanding."""
     keep.update(snapshot)
     return bool(snapshot["outstanding"] == 0 and snapshot["api"]["outstanding"] == 0)
 
 
-def slowloris(address: str, data: bytes, period_s: float, out: dict[str, Any]) -> None:
-    """Send ``data`` one byte every ``period_s`` (stopping early once the daemon sends an
-    error or closes), then end writing and read until closed; ``out`` gets the frames that
-    came back and when the connection ended (seconds after the first byte)."""
+def slowloris(
+    address: str, data: bytes, period_s: float, out: dict[str, Any], head: bytes = b""
+) -> None:
+    """Send ``head`` at once, then ``data`` one byte every ``period_s`` (stopping early once
+    the daemon sends an error or closes), then end writing and read until closed; ``out`` gets
+    the frames that came back and when the connection ended (seconds after the first byte)."""
     with RawClient(address, timeout_s=30.0) as raw:
         start = time.monotonic()
+        raw.send(head)
         early = Ending()
         for index in range(len(data)):
             if select.select([raw.sock], [], [], 0)[0]:
@@ -169,10 +186,10 @@ def test_slowloris_and_silent_connections_are_closed_by_the_hello_timeout(
     before = stats(daemon)["api"]["connections"]
     long_hello = hello_frame(name="s" * 300)  # 40 s at one byte per 100 ms
     results: list[dict[str, Any]] = [{}, {}]
-    ping = hello_frame() + frame({"t": "ping", "seq": 1, "sent_ns": 2})
+    ping = frame({"t": "ping", "seq": 1, "sent_ns": 2})  # 3 s at one byte per 100 ms
     threads = [
         threading.Thread(target=slowloris, args=(daemon.api, long_hello, 0.1, results[0])),
-        threading.Thread(target=slowloris, args=(daemon.api, ping, 0.1, results[1])),
+        threading.Thread(target=slowloris, args=(daemon.api, ping, 0.1, results[1], hello_frame())),
     ]
     silent = [RawClient(daemon.api, timeout_s=30.0) for _ in range(200)]
     try:
@@ -190,8 +207,10 @@ def test_slowloris_and_silent_connections_are_closed_by_the_hello_timeout(
     assert hello_slowloris["ending"].errors == ["protocol_error"]
     assert "no hello in time" in hello_slowloris["ending"].headers[-1]["message"]
     assert hello_slowloris["ended_after_s"] > HELLO_TIMEOUT_S - 1  # not before the timeout
-    # A slow writer that completes its frames is slow, not hostile: it is answered.
+    # After its hello, a slow writer that completes its frames is slow, not hostile: it is
+    # answered, however long past the hello timeout its frame takes.
     assert ping_slowloris["ending"].tags() == ["hello", "pong"]
+    assert ping_slowloris["ended_after_s"] > HELLO_TIMEOUT_S
     assert wait_until(lambda: stats(daemon)["api"]["connections"] <= before)
 
 

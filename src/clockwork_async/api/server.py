@@ -9,7 +9,12 @@ Invariants:
   ``on_reply``; the server's ``outstanding`` counts exactly those, across sessions, including
   sessions whose connection is gone and whose replies have not come back yet.
 - A disconnect calls ``Service.cancel`` once for each of its pending requests; their outcomes
-  still reach the service's bookkeeping (the replies are dropped, not the outcomes).
+  still reach the service's bookkeeping (the replies are dropped, not the outcomes). End of
+  input on a plain socket is not a disconnect (it may be a half-close): the session answers
+  what it has in flight, then closes; a peer that closed both ways shows itself when a reply
+  is written (a reset), and what is left is cancelled then.
+- Uploads (``add_model``) in flight over all connections are capped in count and in bytes
+  (``max_uploads_in_flight``, ``max_upload_bytes_in_flight``); over a cap, ``overloaded``.
 - Memory per connection is bounded: at most ``max_outstanding_per_connection`` requests in
   flight, and no request is read while the transport asks writers to pause (a slow reader),
   so queued replies never grow past that many.
@@ -71,10 +76,13 @@ class ServerLimits:
     flush_timeout_s: float = 2.0  # close(): how long replies may take to reach slow readers
     max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES  # decoded, not yet handled
     max_write_buffer_bytes: int = 1 << 20  # replies unsent beyond this: stop reading requests
+    max_uploads_in_flight: int = 4  # add_model calls not answered yet, all connections
+    max_upload_bytes_in_flight: int = 256 << 20  # the model bytes those calls hold
 
     def __post_init__(self) -> None:
         counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")
-        for name in (*counts, "max_write_buffer_bytes"):
+        uploads = ("max_uploads_in_flight", "max_upload_bytes_in_flight")
+        for name in (*counts, *uploads, "max_write_buffer_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1")
         if self.max_outstanding_total < 1 or not 1 <= self.max_frame_bytes < 1 << 32:
@@ -95,7 +103,12 @@ class ServerLimits:
             max_outstanding_per_connection=server.max_outstanding_per_connection,
             max_outstanding_total=server.max_outstanding_total,
             max_frame_bytes=server.max_frame_bytes,
+            hello_timeout_s=server.hello_timeout_s,
             drain_timeout_s=server.drain_timeout_s,
+            max_queued_messages=server.max_queued_messages,
+            max_write_buffer_bytes=server.max_write_buffer_bytes,
+            max_uploads_in_flight=server.max_uploads_in_flight,
+            max_upload_bytes_in_flight=server.max_upload_bytes_in_flight,
         )
 
 
@@ -150,6 +163,8 @@ class ApiServer:
         self._closed = asyncio.Event()
         self._start_done = asyncio.Event()
         self.outstanding = 0
+        self.uploads_in_flight = 0  # add_model calls accepted and not answered, all sessions
+        self.upload_bytes_in_flight = 0  # their model bytes
         self.refused: dict[str, int] = {}  # connections refused, by error code
 
     # --- public state ---------------------------------------------------------------------
@@ -179,6 +194,9 @@ class ApiServer:
             "sessions": len(self._sessions),
             "outstanding": self.outstanding,
             "slow_readers": sum(s.writing_paused for s in self._sessions),
+            "reading_paused": sum(c.reading_paused for c in self._handlers),
+            "uploads_in_flight": self.uploads_in_flight,
+            "upload_bytes_in_flight": self.upload_bytes_in_flight,
             "refused_connections": dict(self.refused),
         }
 
@@ -210,6 +228,7 @@ class ApiServer:
             max_queued_messages=self.limits.max_queued_messages,
             max_queued_bytes=self.limits.max_frame_bytes,
             write_high_water_bytes=self.limits.max_write_buffer_bytes,
+            allow_half_close=True,  # a client that ends its writing still gets its replies
             ssl=ssl,
         )
         if isinstance(parsed, UnixAddress):
@@ -282,6 +301,26 @@ class ApiServer:
         self.outstanding -= 1
         self._maybe_idle()
 
+    def admit_upload(self, nbytes: int) -> tuple[str, str] | None:
+        """(``overloaded``, why) when an upload of ``nbytes`` would go over the server's caps
+        on uploads in flight; otherwise None, and the upload is counted until `upload_ended`."""
+        limits = self.limits
+        if self.uploads_in_flight >= limits.max_uploads_in_flight:
+            count = limits.max_uploads_in_flight
+            return ApiCode.OVERLOADED, f"{count} model uploads are in flight (limit); retry later"
+        if self.upload_bytes_in_flight + nbytes > limits.max_upload_bytes_in_flight:
+            cap = limits.max_upload_bytes_in_flight
+            held = self.upload_bytes_in_flight
+            why = f"uploads in flight hold {held} bytes; {nbytes} more would pass the {cap} limit"
+            return ApiCode.OVERLOADED, why + "; retry later"
+        self.uploads_in_flight += 1
+        self.upload_bytes_in_flight += nbytes
+        return None
+
+    def upload_ended(self, nbytes: int) -> None:
+        self.uploads_in_flight -= 1
+        self.upload_bytes_in_flight -= nbytes
+
     def track_admin(self, task: asyncio.Task[None]) -> None:
         self._admin_tasks.add(task)
         self._idle.clear()
@@ -327,6 +366,10 @@ class ApiServer:
         self._sessions.add(session)
         try:
             await session.run()
+        except ConnectionClosed:
+            if not connection.peer_done_writing:
+                raise
+            await session.settle()  # half-closed: answer what it sent, then close
         finally:
             self._sessions.discard(session)
             session.disconnected()

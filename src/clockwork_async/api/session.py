@@ -7,6 +7,11 @@ Invariants (the server's, per connection):
 - ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
   connection is gone, but the server's ``outstanding`` count is settled either way.
 - Nothing is read while the connection's transport asks writers to pause (slow reader).
+- An ``add_model`` holds its share of the server's upload budget (`ApiServer.admit_upload`)
+  from acceptance until its reply, and only the model's bytes (not the message, nor its
+  frame) while it waits for the service.
+- A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
+  every request it sent has its reply queued, or the connection is gone.
 """
 
 from __future__ import annotations
@@ -64,6 +69,23 @@ class _Pending:
     done: bool = False
 
 
+@dataclass(slots=True)
+class _UploadHold:
+    """One add_model's share of the server's upload budget, given back exactly once."""
+
+    server: ApiServer
+    nbytes: int
+    held: bool = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.server.upload_ended(self.nbytes)
+
+    def release_on_done(self, _task: asyncio.Task[None]) -> None:
+        self.release()
+
+
 class ApiSession:
     """Serves the requests of one connection whose hello was accepted with ``scopes``."""
 
@@ -74,6 +96,8 @@ class ApiSession:
         self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._idle = asyncio.Event()  # set while nothing is in flight
+        self._idle.set()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             InferRequest: self._infer,
             CancelInfer: self._cancel,
@@ -108,9 +132,26 @@ class ApiSession:
             if not connection.queued_messages:
                 self._service.flush()  # this read's requests are all in: schedule them
             if isinstance(message, AddModel | RemoveModel):
-                await self._admin_settled(message.request_id)
+                request_id = message.request_id
+                del message  # an upload's frame is not held while the change runs
+                await self._admin_settled(request_id)
             if connection.writing_paused:
                 await connection.drain()  # a slow reader: read nothing more until it catches up
+
+    async def settle(self) -> None:
+        """The peer ended its writing: return once every request it sent has had its reply
+        queued (the caller then closes, flushing them), or once the connection is gone."""
+        self._service.flush()
+        loop = asyncio.get_running_loop()
+        waits = {loop.create_task(self._idle.wait()), loop.create_task(self._wait_gone())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _wait_gone(self) -> None:
+        await self._connection.wait_closed()
 
     def disconnected(self) -> None:
         """The connection is gone: cancel what it still waits for (each once)."""
@@ -128,6 +169,7 @@ class ApiSession:
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
         entry = _Pending(self._server.now_ns())
         self._pending[request.request_id] = entry
+        self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
         try:
@@ -190,6 +232,11 @@ class ApiSession:
         if self._pending.get(request_id) is entry:
             del self._pending[request_id]
         self._server.request_ended()
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        if not self._pending and not self._tasks:
+            self._idle.set()
 
     def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
         reply = InferReply(request_id, str(status), message, **rest)
@@ -214,17 +261,35 @@ class ApiSession:
         self._answer_now(request.request_id, answer, ModelsReply)
 
     def _add_model(self, request: AddModel) -> None:
+        request_id = request.request_id
         onnx = request.files.get(ONNX_FILE)
         if set(request.files) != {ONNX_FILE} or onnx is None or not _is_byte_vector(onnx):
             why = f"add_model takes exactly one file, {ONNX_FILE!r}, as a 1-D uint8 tensor"
-            self._send(ModelsReply(request.request_id, ApiCode.BAD_REQUEST, why))
+            self._send(ModelsReply(request_id, ApiCode.BAD_REQUEST, why))
             return
+        refusal = self._admin_refusal(request_id, "add_model")
+        refusal = refusal or self._server.admit_upload(onnx.nbytes)
+        if refusal is not None:
+            self._send(ModelsReply(request_id, *refusal))
+            return
+        # The task holds a copy of the model's bytes, never the message (nor its frame).
+        self._start_upload(request_id, request.name, onnx.tobytes(), request.model_toml)
+
+    def _start_upload(
+        self, request_id: int, name: str, onnx_bytes: bytes, model_toml: str | None
+    ) -> None:
+        """Run an admitted upload; its share of the server's budget is given back once."""
+        hold = _UploadHold(self._server, len(onnx_bytes))
 
         async def add() -> ModelsReply:
-            status = await self._service.add_model(request.name, onnx.tobytes(), request.model_toml)
-            return _models_reply(request.request_id, f"model {request.name!r} added", status)
+            try:
+                status = await self._service.add_model(name, onnx_bytes, model_toml)
+            finally:
+                hold.release()  # before the reply: the client may upload again at once
+            return _models_reply(request_id, f"model {name!r} added", status)
 
-        self._start_admin(request.request_id, "add_model", add)
+        task = self._spawn_admin(request_id, "add_model", add)
+        task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
 
     def _remove_model(self, request: RemoveModel) -> None:
         async def remove() -> ModelsReply:
@@ -240,9 +305,16 @@ class ApiSession:
         if refusal is not None:
             self._send(ModelsReply(request_id, *refusal))
             return
+        self._spawn_admin(request_id, what, work)
+
+    def _spawn_admin(
+        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
+    ) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(self._run_admin(request_id, what, work))
         self._tasks[request_id] = task
+        self._idle.clear()
         self._server.track_admin(task)
+        return task
 
     def _admin_refusal(self, request_id: int, what: str) -> tuple[str, str] | None:
         if Scope.ADMIN not in self._scopes:
@@ -276,6 +348,7 @@ class ApiSession:
         finally:
             self._tasks.pop(request_id, None)
         self._send_quietly(reply)
+        self._maybe_idle()
 
     # --- stats, health, ping -------------------------------------------------------------------
 

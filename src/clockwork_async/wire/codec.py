@@ -35,6 +35,7 @@ from clockwork_async.wire.schema import (
     DEFAULT_LIMITS,
     SCHEMA_BY_CLASS,
     SCHEMAS,
+    TENSOR_ALIGN_BYTES,
     WIRE_DTYPES,
     Field,
     Limits,
@@ -185,6 +186,15 @@ def _check_hello(header: Any) -> None:
             ErrorCode.UNSUPPORTED_VERSION,
             f"peer speaks protocol version {version}; this side speaks {PROTOCOL_VERSION}",
         )
+
+
+def _check_tail_holds_tensors(refs: list[TensorRef], tail_len: int) -> None:
+    """A tail holds its message's tensors and their alignment padding, nothing more, so no
+    frame makes the receiver buffer bytes nothing refers to (a ``hello`` declaring a 64 MiB
+    tail, before any token is checked). Raises SchemaError."""
+    most = sum(r.nbytes for r in refs) + TENSOR_ALIGN_BYTES * len(refs)
+    if tail_len > most:
+        raise SchemaError(f"a tail of {tail_len} B for {len(refs)} tensors of at most {most} B")
 
 
 class Decoder:
@@ -397,7 +407,10 @@ class Decoder:
                 tensors[f.name] = self._parse_tensors(f, value)
             else:
                 kwargs[f.name] = decode_field(f, value)
-        check_tensor_layout([r for refs in tensors.values() for r in refs.values()], self._limits)
+        refs = [r for refs in tensors.values() for r in refs.values()]
+        check_tensor_layout(refs, self._limits)
+        if self._tail_len:
+            _check_tail_holds_tensors(refs, self._tail_len)
         frame_bytes = PREFIX_BYTES + self._header_len + self._tail_len
         return _Frame(schema.cls, kwargs, tensors, frame_bytes)
 
