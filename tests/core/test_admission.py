@@ -37,17 +37,37 @@ def test_work_queued_for_other_models_on_the_executor_counts() -> None:
     assert not only(alone.request(2, "b", 11 * MS), Reply)  # 5.46 + 3.39 <= 10.45
     h = loaded_harness("a", "b")
     busy_lane(h)
-    assert not only(h.request(1, "a", 13 * MS), Reply)  # booked 5.46 to 8.19
-    (reply,) = only(h.request(2, "b", 11 * MS), Reply)  # 8.19 + 3.39 > 10.45
+    assert not only(h.request(1, "a", 11 * MS), Reply)  # booked 5.46 to 8.19
+    # b's deadline is a's (10.45): it cannot go ahead, and 8.19 + 3.39 > 10.45.
+    (reply,) = only(h.request(2, "b", 11 * MS), Reply)
     assert reply.outcome is Outcome.INFEASIBLE
 
 
-def test_a_later_arrival_with_an_earlier_deadline_must_fit_before_everything_booked() -> None:
+def test_an_earlier_deadline_is_booked_ahead_of_work_that_can_wait() -> None:
+    h = loaded_harness("a", "b")
+    lane = busy_lane(h)
+    assert not only(h.request(1, "a", 13 * MS), Reply)  # internal 12.35, booked 5.46 to 8.19
+    # b (internal 10.45) would end at 8.19 + 3.39 = 11.58 after a's batch, but it runs first
+    # (earliest deadline): booked ahead, 5.46 to 8.19 (8.85 grown half-way to its target b2),
+    # pushing a's to 8.19 to 10.92, still before 12.35.
+    assert not only(h.request(2, "b", 11 * MS), Reply)
+    assert h.ctl.executor("e1").booked_ns == 2 * B1
+    (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
+    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("b", (2,), 2 * B1)
+    h.finish(lane[0])
+    (infer_a,) = only(h.ticks_until(3 * B1 - 3 * MS), StartInfer)
+    assert (infer_a.model, infer_a.request_ids, infer_a.earliest_ns) == ("a", (1,), 3 * B1)
+    for action in (lane[1], infer, infer_a):
+        h.finish(action)
+    assert h.outcome(1) is Outcome.OK and h.outcome(2) is Outcome.OK
+
+
+def test_an_earlier_deadline_goes_ahead_only_if_the_work_it_overtakes_still_fits() -> None:
     h = loaded_harness("a", "b")
     busy_lane(h)
     assert not only(h.request(1, "a", 11 * MS), Reply)  # internal 10.45, booked to 8.19
-    # b's internal deadline (9.5) is earlier, so it would run first and push a's request
-    # past its own: admitted only if all the booked work ends by 9.5, which it does not.
+    # b's internal deadline (9.5) is earlier, so it would run first: after a's batch it
+    # ends too late (8.19 + 3.39 > 9.5), and ahead of it, it would push a's to 11.58 > 10.45.
     assert only(h.request(2, "b", 10 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
     (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
     assert (infer.model, infer.request_ids, infer.earliest_ns) == ("a", (1,), 2 * B1)

@@ -319,6 +319,15 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert (stats.booked_ns, stats.reserved_loads) == (0, 0), executor_id
 
     @invariant()
+    def booked_batches_are_indexed_by_position(self) -> None:
+        """A batch booked ahead of others shifts their indexes: each stays its position."""
+        for executor in self.ctl._core.executors.values():
+            for position, batch in enumerate(executor.booked):
+                assert batch.index == executor.booked_head + position
+                if batch.live > 0:
+                    assert batch.end_ns == batch.start_ns + batch.cost_ns
+
+    @invariant()
     def lanes_hold_one_action_at_a_time(self) -> None:
         for executor in self.executors.values():
             windows = sorted((i.earliest_ns, i.predicted_ns) for i in executor.infers)

@@ -3,7 +3,9 @@ and the LOADs promised to models that have no copy yet (docs/controller.md, "Adm
 
 The clockwork policy accepts a request only when this ledger, kept from the scheduler's own
 state, says it will be served by its internal deadline: on the chosen executor, after the
-committed work of its execute lane and every batch booked there (whatever its model).
+committed work of its execute lane and every batch booked there (whatever its model), or,
+when that is too late, ahead of the booked batches with later deadlines, if they all still
+end by theirs.
 
 Invariants:
 - every QUEUED request the clockwork policy accepted is booked in exactly one BookedBatch of
@@ -11,16 +13,23 @@ Invariants:
   its members still queued, its ``cost_ns`` is exec(its size, padded) and an executor's
   ``backlog_ns`` is the sum of its live batches' costs; a booking leaves when its request
   leaves the queue (dispatched, or answered), and a batch's cost when its last member does;
-- an executor's ``booked`` list is in booking order; each batch's predicted start is no
-  earlier than the end of the one before it or than its model's LOAD (projections only move
-  later: pushed by growth before them, never pulled earlier);
+- an executor's ``booked`` list is in the order its batches are predicted to run: booking
+  order, except that a batch booked ahead sits before the later-deadline batches it
+  overtook; ``index`` is a batch's position (plus ``booked_head``); each live batch's
+  predicted start is no earlier than the end of the live one before it or than its model's
+  LOAD (projections only move later: pushed by growth or by a batch booked ahead of them,
+  never pulled earlier), except a batch booked after one whose members all ran early (in
+  the gap before a LOAD): it starts after the committed work and the booked cost;
 - a model with queued requests and no copy has at most one reserved LOAD (``reserved_on``),
   listed in that executor's ``reserved`` in reservation order, its pages held (counted in
   ``pages_used``) until placement starts it, before any other LOAD on that executor.
 
 Why this keeps promises: earliest deadline first serves a request r after the requests with
-earlier deadlines only. When the last of those was admitted, all the work booked then (them
-included) fitted before its deadline, which is no later than r's. Batches make it approximate:
+earlier deadlines only. When the last of those was admitted, all the work booked before it
+(them included) fitted before its deadline, which is no later than r's; and when r is booked
+ahead of later-deadline batches, each of them is checked to still end in time behind it (work
+booked before r with a later deadline ends, pushed by r, no later than r's deadline, so by
+its own). Batches make it approximate:
 a request joins its model's last batch only while that batch and every batch booked after it
 still end in time, and the scheduler takes no request booked later into a batch when that
 would push other booked work past its deadline (batching.count_keeping_promises).
@@ -56,6 +65,7 @@ class Quote:
     ready_ns: int = 0  # no copy yet: when the reserved LOAD is predicted to end
     load_ns: int = 0  # a new reservation: its LOAD's predicted duration (else 0)
     victims: list[str] | None = None  # a new reservation: the idle models to evict for it
+    ahead_of: int = -1  # a new batch booked ahead: its position in ``booked`` (else appended)
 
 
 def best_quote(core: CoreState, model: ModelState, internal_deadline_ns: int) -> Quote | None:
@@ -77,12 +87,12 @@ def quote_copy(
 ) -> Quote:
     """Quote a request on a copy (loading: not before its LOAD is predicted to end)."""
     now_ns = core.now_ns
-    base_ns = booked_end_ns(executor, now_ns)
+    ready_ns = 0
     load = executor.loading.get(model.name)
     if load is not None:
         executor.load_lane.free_at(now_ns)  # resynchronises the LOAD's predicted end
-        base_ns = max(base_ns, load.planned_end_ns)
-    return _quote_on(core, model, executor, base_ns, internal_deadline_ns)
+        ready_ns = load.planned_end_ns
+    return _quote_on(core, model, executor, ready_ns, internal_deadline_ns)
 
 
 def quote_cold(core: CoreState, model: ModelState, internal_deadline_ns: int) -> Quote | None:
@@ -92,8 +102,7 @@ def quote_cold(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
     reserved = model.reserved_on
     if reserved is not None:
         ready_ns = model.reserved_ready_ns
-        base_ns = max(booked_end_ns(reserved, now_ns), ready_ns)
-        quote = _quote_on(core, model, reserved, base_ns, internal_deadline_ns)
+        quote = _quote_on(core, model, reserved, ready_ns, internal_deadline_ns)
         quote.ready_ns = ready_ns
         return quote
     best: Quote | None = None
@@ -104,8 +113,7 @@ def quote_cold(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
         load_ns = core.predict(model, executor).load_ns
         load_start_ns = executor.load_lane.start_for(now_ns) + executor.reserved_load_ns
         ready_ns = load_start_ns + load_ns
-        base_ns = max(booked_end_ns(executor, now_ns), ready_ns)
-        quote = _quote_on(core, model, executor, base_ns, internal_deadline_ns)
+        quote = _quote_on(core, model, executor, ready_ns, internal_deadline_ns)
         # Pages now: free, or held by evicting idle models (never ones with queued work).
         victims = choose_victims(core, executor, need_pages, False, for_model=model)
         if victims is None:
@@ -154,10 +162,10 @@ def _quote_on(
     core: CoreState,
     model: ModelState,
     executor: ExecutorState,
-    base_ns: int,
+    ready_ns: int,
     internal_deadline_ns: int,
 ) -> Quote:
-    """Quote a request on ``executor`` whose booked work is predicted to end at ``base_ns``.
+    """Quote a request on ``executor``, where its model's copy is ready at ``ready_ns``.
 
     A request that sorts last in its model's queue joins its model's last booked batch there
     while that batch still ends by its earliest deadline and every batch booked after it,
@@ -167,8 +175,11 @@ def _quote_on(
     or half-way there for the model's first batch on this executor. That room is what later
     requests join into, or what joins into earlier batches push it back by; without it,
     under overload every request opens a batch at the very edge of its deadline and the lane
-    degenerates into batches of one (docs/controller.md has the measurements).
+    degenerates into batches of one (docs/controller.md has the measurements). A new batch
+    that would not end in time after all the booked work may go ahead of the batches with
+    later deadlines (``_quote_ahead``).
     """
+    base_ns = max(booked_end_ns(executor, core.now_ns), ready_ns)
     predictions = core.predict(model, executor)
     exec_ns = predictions.exec_ns
     batch = executor.open_batches.get(model.name)
@@ -186,7 +197,50 @@ def _quote_on(
     room_ns = _target_ns(model, predictions, internal_deadline_ns - core.now_ns)
     if batch is None and room_ns > share_ns:  # its first batch here: half the room
         room_ns = share_ns + (room_ns - share_ns) // 2
-    return Quote(executor, base_ns + max(share_ns, room_ns), share_ns, False, base_ns)
+    grow_ns = max(share_ns, room_ns)
+    quote = Quote(executor, base_ns + grow_ns, share_ns, False, base_ns)
+    # Ahead, but not of its own model's open batch: booked apart from it, it would be costed
+    # as a batch of its own that the scheduler will not run (it batches them together).
+    if quote.finish_ns > internal_deadline_ns and (in_order or batch is None):
+        ahead = _quote_ahead(core, executor, ready_ns, share_ns, grow_ns, internal_deadline_ns)
+        if ahead is not None:
+            return ahead
+    return quote
+
+
+def _quote_ahead(
+    core: CoreState,
+    executor: ExecutorState,
+    ready_ns: int,
+    share_ns: int,
+    grow_ns: int,
+    internal_deadline_ns: int,
+) -> Quote | None:
+    """Quote a new batch booked ahead of the batches at the end of ``executor``'s booking
+    order whose deadlines are later than ``internal_deadline_ns`` (earliest deadline first
+    serves it before them): it starts after the live batch before them, and is admitted
+    only when it ends in time grown by ``grow_ns`` and every batch it overtakes, pushed back
+    by ``share_ns``, still ends by its deadline. None when there is nothing to overtake or
+    it does not fit. This is what keeps a short-SLO model served beside a saturating
+    long-SLO one (isolation)."""
+    booked = executor.booked
+    position = len(booked)
+    while position > 0 and (
+        booked[position - 1].live <= 0 or booked[position - 1].deadline_ns > internal_deadline_ns
+    ):
+        position -= 1
+    if position == len(booked) or not any(batch.live > 0 for batch in booked[position:]):
+        return None
+    start_ns = max(executor.exec_lane.start_for(core.now_ns), ready_ns)
+    if position > 0:
+        start_ns = max(start_ns, booked[position - 1].end_ns)
+    finish_ns = start_ns + grow_ns
+    if finish_ns > internal_deadline_ns:
+        return None
+    overtaken = executor.booked_head + position
+    if not _chain(executor, overtaken, start_ns + share_ns, {}, apply=False):
+        return None
+    return Quote(executor, finish_ns, share_ns, False, start_ns, ahead_of=position)
 
 
 def _chain(
@@ -263,17 +317,28 @@ def book(core: CoreState, request: RequestState, quote: Quote) -> None:
         batch.deadline_ns = min(batch.deadline_ns, request.internal_deadline_ns)
         _chain(executor, batch.index + 1, batch.end_ns, {}, apply=True)
     else:
-        index = executor.booked_head + len(executor.booked)
-        batch = BookedBatch(
-            model.name, index, quote.open_start_ns, quote.share_ns, request.internal_deadline_ns
-        )
-        executor.booked.append(batch)
-        executor.open_batches[model.name] = batch
+        batch = _open_batch(executor, model.name, quote, request.internal_deadline_ns)
     executor.backlog_ns += quote.share_ns
     request.planned_on = executor
     request.booked_batch = batch
     if quote.load_ns and model.reserved_on is None:
         reserve(core, model, executor, quote)
+
+
+def _open_batch(executor: ExecutorState, name: str, quote: Quote, deadline_ns: int) -> BookedBatch:
+    """Book a new batch of one request of model ``name`` as ``quote`` says: at the end of
+    the booking order, or ahead of later-deadline batches, which it pushes back."""
+    booked = executor.booked
+    position = len(booked) if quote.ahead_of < 0 else quote.ahead_of
+    index = executor.booked_head + position
+    batch = BookedBatch(name, index, quote.open_start_ns, quote.share_ns, deadline_ns)
+    booked.insert(position, batch)
+    for later in booked[position + 1 :]:
+        later.index += 1
+    if quote.ahead_of >= 0:
+        _chain(executor, index + 1, batch.end_ns, {}, apply=True)
+    executor.open_batches[name] = batch
+    return batch
 
 
 def unbook(request: RequestState) -> None:
