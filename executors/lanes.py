@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,13 @@ class LaneJob:
     latest_ns: int
     run: Callable[[int], None]
     reject: Callable[[Rejection, int], None]
+
+
+def _never_called(*_args: object) -> None:
+    raise AssertionError("CLOSE_LANE is never run")
+
+
+CLOSE_LANE = LaneJob(NEVER_NS, NEVER_NS, _never_called, _never_called)  # the inbox's last item
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,31 +119,39 @@ class LaneQueue:
 
 
 class LaneClock(Protocol):
-    """Time as a lane sees it. ``wait`` is called holding ``cond`` and may return early (a
-    job arrived); ``spin_until`` returns at or after ``deadline_ns``."""
+    """Time as a lane sees it. ``take`` returns the next item put in ``inbox``, waiting at
+    most ``timeout_ns`` (None: as long as it takes), or None if none came in time;
+    ``spin_until`` returns at or after ``deadline_ns``."""
 
     def now_ns(self) -> int: ...
 
-    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None: ...
+    def take(self, inbox: queue.SimpleQueue[LaneJob], timeout_ns: int | None) -> LaneJob | None: ...
 
     def spin_until(self, deadline_ns: int) -> None: ...
 
 
 class MonotonicClock:
-    """The real clock: ``time.monotonic_ns``, timed condition waits, a busy spin."""
+    """The real clock: ``time.monotonic_ns``, timed queue waits, a busy spin."""
 
     def now_ns(self) -> int:
         return time.monotonic_ns()
 
-    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None:
-        cond.wait(None if timeout_ns is None else timeout_ns / 1e9)
+    def take(self, inbox: queue.SimpleQueue[LaneJob], timeout_ns: int | None) -> LaneJob | None:
+        try:
+            return inbox.get(timeout=None if timeout_ns is None else timeout_ns / 1e9)
+        except queue.Empty:
+            return None
 
     def spin_until(self, deadline_ns: int) -> None:
         spin_until(deadline_ns)
 
 
 class Lane:
-    """A thread that runs `LaneJob`s one at a time in `LaneQueue` order."""
+    """A thread that runs `LaneJob`s one at a time in `LaneQueue` order.
+
+    Jobs reach the thread through a `queue.SimpleQueue` (its put and get are C, and a put
+    wakes the thread without a Python-level lock held around the wake-up); the thread alone
+    owns the `LaneQueue`."""
 
     def __init__(
         self, name: str, *, clock: LaneClock | None = None, spin_ns: int = SPIN_NS
@@ -143,33 +159,29 @@ class Lane:
         self.name = name
         self._clock: LaneClock = clock or MonotonicClock()
         self._spin_ns = spin_ns
-        self._queue = LaneQueue()
-        self._cond = threading.Condition()
+        self._queue = LaneQueue()  # the lane thread's own
+        self._inbox: queue.SimpleQueue[LaneJob] = queue.SimpleQueue()
+        self._submitting = threading.Lock()  # a submit never lands behind CLOSE_LANE
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name=f"lane-{name}", daemon=True)
-
-    @property
-    def queued(self) -> int:
-        with self._cond:
-            return len(self._queue)
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, job: LaneJob) -> None:
         """Queue ``job``. Raises LaneClosed once ``close`` was called."""
-        with self._cond:
+        with self._submitting:
             if self._closing:
                 raise LaneClosed(f"lane {self.name!r} is closed")
-            self._queue.push(job)
-            self._cond.notify()
+            self._inbox.put(job)
 
     def close(self) -> None:
         """Stop taking jobs, let the running one finish, reject the queued ones (CLOSED) and
         join the thread. Idempotent."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
+        with self._submitting:
+            if not self._closing:
+                self._closing = True
+                self._inbox.put(CLOSE_LANE)  # after every job: the thread stops there
         if self._thread.ident is not None:  # started
             self._thread.join()
         self._reject_queued()
@@ -185,28 +197,48 @@ class Lane:
     def _next_due(self) -> RunJob | RejectJob | None:
         """Block until a job is due (to run or to reject); None once closing."""
         while True:
-            with self._cond:
-                step = self._await_step()
+            step = self._await_step()
             if not isinstance(step, WaitUntil):
                 return step
-            self._clock.spin_until(step.time_ns)  # outside the lock: submits go on
+            self._clock.spin_until(step.time_ns)  # submits land in the inbox meanwhile
 
     def _await_step(self) -> Step:
-        """Holding the lock: sleep until a step is due or within the spin margin."""
-        while not self._closing:
+        """Sleep until a step is due or within the spin margin; None once CLOSE_LANE came."""
+        open_ = self._take_arrivals()
+        while open_:
             now_ns = self._clock.now_ns()
             step = self._queue.next_step(now_ns)
             if step is None:
-                self._clock.wait(self._cond, None)
+                open_ = self._arrive(self._clock.take(self._inbox, None))
             elif isinstance(step, WaitUntil) and step.time_ns - now_ns > self._spin_ns:
-                self._clock.wait(self._cond, step.time_ns - now_ns - self._spin_ns)
+                timeout_ns = step.time_ns - now_ns - self._spin_ns
+                open_ = self._arrive(self._clock.take(self._inbox, timeout_ns))
             else:
                 return step
+            open_ = open_ and self._take_arrivals()
         return None
 
+    def _take_arrivals(self) -> bool:
+        """Move every job waiting in the inbox into the queue; False once CLOSE_LANE came."""
+        inbox = self._inbox
+        while not inbox.empty():
+            if not self._arrive(inbox.get_nowait()):
+                return False
+        return True
+
+    def _arrive(self, item: LaneJob | None) -> bool:
+        """Queue a job taken from the inbox (None: a timed-out take). False for CLOSE_LANE."""
+        if item is CLOSE_LANE:
+            return False
+        if item is not None:
+            self._queue.push(item)
+        return True
+
     def _reject_queued(self) -> None:
-        with self._cond:
-            jobs = self._queue.drain()
+        jobs = self._queue.drain()
+        while not self._inbox.empty():
+            if (job := self._inbox.get_nowait()) is not CLOSE_LANE:
+                jobs.append(job)
         for job in jobs:
             _guarded(job.reject, Rejection.CLOSED, self._clock.now_ns())
 

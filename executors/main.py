@@ -302,19 +302,23 @@ class ControllerLink:
             await _refuse(previous, ErrorCode.PROTOCOL_ERROR, message)
 
     async def _serve(self, conn: Connection) -> None:
+        """Handle each message as it is decoded (`Connection.dispatch`: no task wake-up per
+        action); reading pauses while the controller does not read our replies."""
         try:
-            async for message in conn:
-                if self._current is not conn:
-                    return  # replaced: _replace_current closed it
-                refusal = self._on_message(conn, message)
-                if refusal is not None:
-                    await _refuse(conn, *refusal)
-                    return
-                await conn.drain()  # stop reading while the controller does not read
+            await conn.dispatch(partial(self._handle_message, conn))
+        except _Refusal as refusal:
+            await _refuse(conn, refusal.code, refusal.message)
         except ProtocolError as error:
             await _refuse(conn, error.code, error.message)
         except ConnectionClosed:
             pass
+
+    def _handle_message(self, conn: Connection, message: Message) -> None:
+        if self._current is not conn:
+            return  # replaced: _replace_current refused and closed it
+        refusal = self._on_message(conn, message)
+        if refusal is not None:
+            raise _Refusal(*refusal)
 
     def _on_message(self, conn: Connection, message: Message) -> tuple[ErrorCode, str] | None:
         """Handle one message; a refusal (code, sentence) for one out of place."""
@@ -341,6 +345,14 @@ class ControllerLink:
             conn.send(ActionResult(getattr(message, "action_id", 0), ErrorCode.INTERNAL, text))
         except ConnectionClosed:
             log.info("dropped %s: the connection closed", message.TAG)
+
+
+class _Refusal(Exception):
+    """A message out of place: the connection gets an Error and closes."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 async def _flush(conn: Connection) -> None:

@@ -4,6 +4,7 @@ bounded inbound queue with backpressure, peer close, bad bytes surfaced as Proto
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
@@ -101,6 +102,102 @@ async def test_messages_both_ways_pipelined(serve: Serve) -> None:
     client.close()
     await client.wait_closed()
     assert client.state is ConnectionState.CLOSED
+
+
+async def _dispatch_echo(connection: Connection) -> None:
+    with contextlib.suppress(ConnectionClosed):
+        await connection.dispatch(connection.send)
+
+
+async def test_dispatch_hands_over_every_message_in_order_then_raises_the_ending(
+    serve: Serve,
+) -> None:
+    client = await open_connection(await serve(_dispatch_echo))
+    sent: list[Message] = [Ping(i, i) for i in range(200)]
+    for message in sent:
+        client.send(message)
+    assert [await client.recv() for _ in sent] == sent
+    client.close()
+    await client.wait_closed()
+
+    got: list[Message] = []
+    ending: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    async def record(connection: Connection) -> None:
+        try:
+            await connection.dispatch(got.append)
+        except ProtocolError as error:
+            ending.set_result(error)
+
+    address = parse_address(await serve(record))
+    if isinstance(address, UnixAddress):
+        _, writer = await asyncio.open_unix_connection(address.path)
+    else:
+        _, writer = await asyncio.open_connection(address.host, address.port)
+    good = b"".join(Encoder().encode_bytes(m) for m in sent[:3])
+    writer.write(good + PREFIX.pack(1, 0) + b"\xc1")
+    error = await ending
+    writer.close()
+    await writer.wait_closed()
+    assert got == sent[:3]  # the good messages before the bad bytes, then the error
+    assert isinstance(error, ProtocolError) and error.code is ErrorCode.PROTOCOL_ERROR
+
+
+async def test_dispatch_stops_at_a_handler_exception_and_raises_it(serve: Serve) -> None:
+    got: list[Message] = []
+    raised: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+
+    def handler(message: Message) -> None:
+        got.append(message)
+        if len(got) == 2:
+            raise ValueError("second message refused")
+
+    async def record(connection: Connection) -> None:
+        try:
+            await connection.dispatch(handler)
+        except ValueError as error:
+            raised.set_result(error)
+        connection.close()
+
+    client = await open_connection(await serve(record))
+    for i in range(5):
+        client.send(Ping(i, 0))
+    assert "second message refused" in str(await raised)
+    assert got == [Ping(0, 0), Ping(1, 0)]
+    client.close()
+    await client.wait_closed()
+
+
+async def test_dispatch_stops_reading_while_the_peer_does_not_read_the_answers(
+    serve: Serve,
+) -> None:
+    """A peer that sends and never reads: dispatch's answers fill the transport, reading
+    pauses, and the peer feels the backpressure, so neither side's memory grows."""
+    server_side: list[Connection] = []
+    answer = {"y": np.zeros(64 << 10, np.uint8)}
+
+    async def answer_each(connection: Connection) -> None:
+        server_side.append(connection)
+        with contextlib.suppress(ConnectionClosed):
+            await connection.dispatch(lambda m: connection.send(ActionResult(0, outputs=answer)))
+
+    client = await open_connection(await serve(answer_each, write_high_water_bytes=1 << 20))
+    client._transport.pause_reading()  # type: ignore[union-attr]  # a peer that never reads
+    async with asyncio.timeout(30):  # a hang guard, not a timing claim
+        sent, request = 0, {"x": np.zeros(16 << 10, np.uint8)}
+        while not client.writing_paused:
+            assert sent < 20_000, "the sender never felt backpressure"
+            client.send(ActionResult(sent, outputs=request))
+            sent += 1
+            await asyncio.sleep(0)
+        (server,) = server_side
+        assert server.writing_paused and server.reading_paused
+        client._transport.resume_reading()  # type: ignore[union-attr]
+        for _ in range(sent):
+            assert isinstance(await client.recv(), ActionResult)  # every one answered
+        assert not server.reading_paused
+    client.close()
+    await client.wait_closed()
 
 
 async def test_tcp_connections_disable_nagle_on_both_sides() -> None:

@@ -8,6 +8,11 @@ Invariants:
   they fall to half; beyond that only one frame in flight and one read chunk are held.
 - `recv` returns messages in arrival order, then raises the one ending: `ProtocolError` for
   bad bytes (reading stops, nothing is sent), `ConnectionClosed` once the connection ended.
+- `dispatch` is the push twin of `recv`: the same messages in the same order, handed to a
+  callback from the transport's read callback as they are decoded (no task wake-up and no
+  loop round per message), then the same ending raised. While it runs, reading also pauses
+  while the transport asks writers to pause (a peer that does not read is not read from).
+  A connection is read by one of the two at a time.
 - A connection made with ``allow_half_close`` stays writable after the peer ends its writing
   (plain sockets; TLS closes both ways): `recv` raises ConnectionClosed after the last
   message, `peer_done_writing` is true and `send` still works until `close`.
@@ -30,7 +35,7 @@ import ssl as ssl_module
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Decoder, Encoder, Limits, ProtocolError
 from clockwork_async.wire.messages import Error, Message
@@ -144,6 +149,9 @@ class Connection:
         self._ended: ConnectionClosed | None = None  # why no more messages will arrive
         self._reading_paused = False
         self._readable = asyncio.Event()  # set when recv has something new to look at
+        self._handler: Callable[[Message], None] | None = None  # set while `dispatch` runs
+        self._handler_error: BaseException | None = None
+        self._paused_for_writes = False  # dispatch: reading paused while writers are paused
         self._writable = asyncio.Event()  # clear while the transport asks writers to pause
         self._writable.set()
         self._closed = asyncio.Event()
@@ -224,6 +232,35 @@ class Connection:
             self._readable.clear()
             await self._readable.wait()
 
+    async def dispatch(self, handler: Callable[[Message], None]) -> None:
+        """Call ``handler(message)`` for every message, in arrival order, as soon as its bytes
+        are decoded (from the transport's read callback), until the connection ends; then
+        raise as `recv` would: ProtocolError for bad bytes, ConnectionClosed at the end. An
+        exception from ``handler`` stops dispatching and is raised here. Raises RuntimeError
+        if another `dispatch` is running."""
+        if self._handler is not None:
+            raise RuntimeError("this connection is already being dispatched")
+        self._handler, self._handler_error = handler, None
+        try:
+            while True:
+                self._dispatch_ready()
+                if self._handler_error is not None:
+                    raise self._handler_error
+                if self._ended is not None or self._decoder.error is not None:
+                    self._raise_ending()
+                self._readable.clear()
+                await self._readable.wait()
+        finally:
+            self._handler = None
+            self._resume_after_writes()
+
+    def _raise_ending(self) -> NoReturn:
+        """Every message was taken: raise ProtocolError (bad bytes) or ConnectionClosed."""
+        frame = self._decoder.next_frame()  # raises the decoder's error, if any
+        if frame is not None:
+            raise RuntimeError("_raise_ending with a message still to take")
+        raise ConnectionClosed(str(self._ended))
+
     def __aiter__(self) -> Connection:
         return self
 
@@ -268,6 +305,9 @@ class Connection:
 
     def _on_bytes(self, nbytes: int) -> None:
         self._decoder.buffer_updated(nbytes)
+        if self._handler is not None:
+            self._dispatch_ready()
+            return
         decoder = self._decoder
         full = (
             decoder.buffered_messages >= self._max_queued_messages
@@ -285,6 +325,40 @@ class Connection:
         tls = transport is not None and transport.get_extra_info("sslcontext") is not None
         self._peer_done_writing = self._allow_half_close and not tls
         return self._peer_done_writing
+
+    def _dispatch_ready(self) -> None:
+        """Hand every decoded message to the handler; wake `dispatch` when it has to end;
+        keep reading paused while writers are."""
+        decoder, handler = self._decoder, self._handler
+        while handler is not None and self._handler_error is None and decoder.buffered_messages:
+            frame = decoder.next_frame()
+            assert frame is not None
+            try:
+                handler(frame[0])
+            except Exception as error:
+                self._handler_error = error
+        if self._handler_error is not None or decoder.error is not None:
+            self._pause_reading()
+            self._readable.set()
+        elif not self._writable.is_set():
+            self._pause_for_writes()
+        else:
+            self._maybe_resume_reading()  # paused by recv's queue bound before dispatch began
+
+    def _pause_for_writes(self) -> None:
+        if not self._reading_paused:
+            self._pause_reading()
+            self._paused_for_writes = True
+
+    def _resume_after_writes(self) -> None:
+        if self._paused_for_writes:
+            self._paused_for_writes = False
+            self._maybe_resume_reading()
+
+    def _on_writable(self) -> None:
+        self._writable.set()
+        if self._handler is not None and self._handler_error is None:
+            self._resume_after_writes()
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
         self._end("connection lost" + ("" if exc is None else f": {exc!r}"))
@@ -375,7 +449,7 @@ class _WireProtocol(asyncio.BufferedProtocol):
         self._connection._writable.clear()
 
     def resume_writing(self) -> None:
-        self._connection._writable.set()
+        self._connection._on_writable()
 
 
 # --- Opening and serving ---------------------------------------------------------------------

@@ -5,6 +5,7 @@ Ordering is checked exactly: `LaneQueue` on plain integers, `Lane` on a virtual 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -90,11 +91,11 @@ class VirtualClock:
     def now_ns(self) -> int:
         return self.now
 
-    def wait(self, cond: threading.Condition, timeout_ns: int | None) -> None:
-        if timeout_ns is None:
-            cond.wait()
-        else:
-            self.now += timeout_ns
+    def take(self, inbox: queue.SimpleQueue[LaneJob], timeout_ns: int | None) -> LaneJob | None:
+        if timeout_ns is None or not inbox.empty():
+            return inbox.get()
+        self.now += timeout_ns
+        return None
 
     def spin_until(self, deadline_ns: int) -> None:
         self.now = max(self.now, deadline_ns)

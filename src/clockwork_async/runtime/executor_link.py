@@ -65,6 +65,10 @@ class LinkError(Exception):
     """Could not bring a link up: connection refused, handshake refused or timed out."""
 
 
+class _LinkWentDown(Exception):
+    """A message took the link down: stop reading (`_go_down` already ran)."""
+
+
 class LinkDown(LinkError):
     """The link went down (or was closed) before an action's reply came."""
 
@@ -215,14 +219,13 @@ class ExecutorLink:
     # --- reading -----------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        """Handle each message as its bytes are decoded (`Connection.dispatch`), until the
+        connection ends or the link goes down."""
         reason = "connection closed by the executor"
         try:
-            async for message in self._connection:
-                self._last_heard_ns = self._now_ns()
-                self._unanswered_pings = 0
-                self._dispatch(message)
-                if self.state is not LinkState.UP:
-                    return
+            await self._connection.dispatch(self._on_message)
+        except _LinkWentDown:
+            return
         except ConnectionClosed as error:
             reason = f"connection closed: {error}"
         except ProtocolError as error:
@@ -230,6 +233,14 @@ class ExecutorLink:
         except OSError as error:
             reason = f"socket error: {error}"
         self._go_down(reason)
+
+    def _on_message(self, message: Message) -> None:
+        """Raises _LinkWentDown once handling it took the link down."""
+        self._last_heard_ns = self._now_ns()
+        self._unanswered_pings = 0
+        self._dispatch(message)
+        if self.state is not LinkState.UP:
+            raise _LinkWentDown
 
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Pong):
