@@ -303,7 +303,8 @@ class ControllerLink:
 
     async def _serve(self, conn: Connection) -> None:
         """Handle each message as it is decoded (`Connection.dispatch`: no task wake-up per
-        action); reading pauses while the controller does not read our replies."""
+        action); while the controller does not read our replies, its actions wait unread
+        within the connection's bounds."""
         try:
             await conn.dispatch(partial(self._handle_message, conn))
         except _Refusal as refusal:

@@ -171,8 +171,9 @@ async def test_dispatch_stops_at_a_handler_exception_and_raises_it(serve: Serve)
 async def test_dispatch_stops_reading_while_the_peer_does_not_read_the_answers(
     serve: Serve,
 ) -> None:
-    """A peer that sends and never reads: dispatch's answers fill the transport, reading
-    pauses, and the peer feels the backpressure, so neither side's memory grows."""
+    """A peer that sends and never reads: dispatch's answers fill the transport, dispatch
+    stops, what arrives queues up to the bound, reading pauses, and the peer feels the
+    backpressure, so neither side's memory grows; once it reads, every message is answered."""
     server_side: list[Connection] = []
     answer = {"y": np.zeros(64 << 10, np.uint8)}
 

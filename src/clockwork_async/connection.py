@@ -10,9 +10,10 @@ Invariants:
   bad bytes (reading stops, nothing is sent), `ConnectionClosed` once the connection ended.
 - `dispatch` is the push twin of `recv`: the same messages in the same order, handed to a
   callback from the transport's read callback as they are decoded (no task wake-up and no
-  loop round per message), then the same ending raised. While it runs, reading also pauses
-  while the transport asks writers to pause (a peer that does not read is not read from).
-  A connection is read by one of the two at a time.
+  loop round per message), then the same ending raised. It hands nothing over while the
+  callback's hold (an awaitable it returned) is pending or while the transport asks writers
+  to pause (a peer that does not read gets no more answers); meanwhile messages queue within
+  the same bounds as for `recv`. A connection is read by one of the two at a time.
 - A connection made with ``allow_half_close`` stays writable after the peer ends its writing
   (plain sockets; TLS closes both ways): `recv` raises ConnectionClosed after the last
   message, `peer_done_writing` is true and `send` still works until `close`.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import socket
 import ssl as ssl_module
@@ -41,6 +43,9 @@ from clockwork_async.wire.codec import DEFAULT_LIMITS, Decoder, Encoder, Limits,
 from clockwork_async.wire.messages import Error, Message
 
 logger = logging.getLogger(__name__)
+
+# `Connection.dispatch`'s callback: None to go on, or an awaitable to hold the rest until done.
+DispatchHandler = Callable[[Message], Awaitable[None] | None]
 
 DEFAULT_MAX_QUEUED_MESSAGES = 256
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
@@ -149,9 +154,9 @@ class Connection:
         self._ended: ConnectionClosed | None = None  # why no more messages will arrive
         self._reading_paused = False
         self._readable = asyncio.Event()  # set when recv has something new to look at
-        self._handler: Callable[[Message], None] | None = None  # set while `dispatch` runs
+        self._handler: DispatchHandler | None = None  # set while `dispatch` runs
         self._handler_error: BaseException | None = None
-        self._paused_for_writes = False  # dispatch: reading paused while writers are paused
+        self._hold: Awaitable[None] | None = None  # dispatch: what the handler asked to await
         self._writable = asyncio.Event()  # clear while the transport asks writers to pause
         self._writable.set()
         self._closed = asyncio.Event()
@@ -232,18 +237,23 @@ class Connection:
             self._readable.clear()
             await self._readable.wait()
 
-    async def dispatch(self, handler: Callable[[Message], None]) -> None:
+    async def dispatch(self, handler: DispatchHandler) -> None:
         """Call ``handler(message)`` for every message, in arrival order, as soon as its bytes
         are decoded (from the transport's read callback), until the connection ends; then
-        raise as `recv` would: ProtocolError for bad bytes, ConnectionClosed at the end. An
-        exception from ``handler`` stops dispatching and is raised here. Raises RuntimeError
-        if another `dispatch` is running."""
+        raise as `recv` would: ProtocolError for bad bytes, ConnectionClosed at the end. A
+        handler that returns an awaitable holds the rest: reading pauses until it is done.
+        An exception from ``handler`` stops dispatching and is raised here. Raises
+        RuntimeError if another `dispatch` is running."""
         if self._handler is not None:
             raise RuntimeError("this connection is already being dispatched")
         self._handler, self._handler_error = handler, None
         try:
             while True:
                 self._dispatch_ready()
+                if self._hold is not None:
+                    await self._hold
+                    self._hold = None
+                    continue
                 if self._handler_error is not None:
                     raise self._handler_error
                 if self._ended is not None or self._decoder.error is not None:
@@ -252,7 +262,9 @@ class Connection:
                 await self._readable.wait()
         finally:
             self._handler = None
-            self._resume_after_writes()
+            if inspect.iscoroutine(self._hold):
+                self._hold.close()  # cancelled while holding: never leave it unawaited
+            self._hold = None
 
     def _raise_ending(self) -> NoReturn:
         """Every message was taken: raise ProtocolError (bad bytes) or ConnectionClosed."""
@@ -306,8 +318,7 @@ class Connection:
     def _on_bytes(self, nbytes: int) -> None:
         self._decoder.buffer_updated(nbytes)
         if self._handler is not None:
-            self._dispatch_ready()
-            return
+            self._dispatch_ready()  # what it cannot hand over yet counts as queued, below
         decoder = self._decoder
         full = (
             decoder.buffered_messages >= self._max_queued_messages
@@ -315,7 +326,8 @@ class Connection:
         )
         if full or decoder.error is not None:
             self._pause_reading()
-        self._readable.set()
+        if self._handler is None:
+            self._readable.set()
 
     def _on_eof(self) -> bool:
         """End of input; returns True to keep writing (half-close allowed, plain socket)."""
@@ -327,38 +339,34 @@ class Connection:
         return self._peer_done_writing
 
     def _dispatch_ready(self) -> None:
-        """Hand every decoded message to the handler; wake `dispatch` when it has to end;
-        keep reading paused while writers are."""
+        """Hand decoded messages to the handler until none is left, it holds the rest or
+        writers are paused (the rest wait in the decoder, within its bounds, as for `recv`);
+        wake `dispatch` when it has to await or end."""
         decoder, handler = self._decoder, self._handler
-        while handler is not None and self._handler_error is None and decoder.buffered_messages:
+        while (
+            handler is not None
+            and self._hold is None
+            and self._handler_error is None
+            and self._writable.is_set()
+            and decoder.buffered_messages
+        ):
             frame = decoder.next_frame()
             assert frame is not None
             try:
-                handler(frame[0])
+                self._hold = handler(frame[0])
             except Exception as error:
                 self._handler_error = error
-        if self._handler_error is not None or decoder.error is not None:
+        if self._handler_error is not None:
             self._pause_reading()
+        if self._hold is not None or self._handler_error is not None or decoder.error:
             self._readable.set()
-        elif not self._writable.is_set():
-            self._pause_for_writes()
         else:
-            self._maybe_resume_reading()  # paused by recv's queue bound before dispatch began
-
-    def _pause_for_writes(self) -> None:
-        if not self._reading_paused:
-            self._pause_reading()
-            self._paused_for_writes = True
-
-    def _resume_after_writes(self) -> None:
-        if self._paused_for_writes:
-            self._paused_for_writes = False
-            self._maybe_resume_reading()
+            self._maybe_resume_reading()  # caught up with what a hold or paused writers left
 
     def _on_writable(self) -> None:
         self._writable.set()
-        if self._handler is not None and self._handler_error is None:
-            self._resume_after_writes()
+        if self._handler is not None:
+            self._readable.set()  # dispatch hands over what waited meanwhile
 
     def _on_connection_lost(self, exc: Exception | None) -> None:
         self._end("connection lost" + ("" if exc is None else f": {exc!r}"))

@@ -38,6 +38,11 @@ MiB = 1 << 20
 MAX_CONNECTIONS = 1010
 IDLE_CONNECTIONS = 1000
 HELLO_TIMEOUT_S = 2.0  # server.hello_timeout_s of this daemon (the default is 10 s)
+# Enough requests in flight on the slow reader's connection that its 4 KB replies outgrow the
+# kernel's send buffer (4 MiB here) and back up in the daemon, which is what stops its reading.
+# (At the default of 1024 most replies beyond the first thousand are short `overloaded` ones,
+# and a small-windowed reader's own kernel may stall its sending before they add up.)
+MAX_OUTSTANDING_PER_CONNECTION = 8192
 SLOW_READER_REQUESTS = 200_000  # 22 MB of requests, each answered by a 4 KB reply or a refusal
 SLOW_READER_RSS_BOUND_BYTES = 64 * MiB
 IDLE_RSS_PER_CONNECTION_BOUND_BYTES = 64 * 1024
@@ -48,7 +53,10 @@ UPLOADS_RSS_BOUND_BYTES = 128 * MiB  # the inbound queue (64 MiB) and a few uplo
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     folder = tmp_path_factory.mktemp("slow-clients")
-    limits = f"max_connections = {MAX_CONNECTIONS}\nhello_timeout_s = {HELLO_TIMEOUT_S}"
+    limits = (
+        f"max_connections = {MAX_CONNECTIONS}\nhello_timeout_s = {HELLO_TIMEOUT_S}\n"
+        f"max_outstanding_per_connection = {MAX_OUTSTANDING_PER_CONNECTION}"
+    )
     process = start_daemon(folder, server=limits)
     try:
         yield process

@@ -118,25 +118,24 @@ class ApiSession:
         return len(self._pending) + len(self._tasks)
 
     async def run(self) -> None:
-        """Serve until the connection ends. Raises ProtocolError for a message that is not
-        part of the client API (the server answers with an Error and closes)."""
-        connection = self._connection
-        while True:
-            message = await connection.recv()
-            handler = self._handlers.get(type(message))
-            if handler is None:
-                raise ProtocolError(
-                    ErrorCode.PROTOCOL_ERROR, f"{message.TAG!r} is not a client API message"
-                )
-            handler(message)
-            if not connection.queued_messages:
-                self._service.flush()  # this read's requests are all in: schedule them
-            if isinstance(message, AddModel | RemoveModel):
-                request_id = message.request_id
-                del message  # an upload's frame is not held while the change runs
-                await self._admin_settled(request_id)
-            if connection.writing_paused:
-                await connection.drain()  # a slow reader: read nothing more until it catches up
+        """Serve until the connection ends, handling each message as it is decoded
+        (`Connection.dispatch`). Raises ProtocolError for a message that is not part of the
+        client API (the server answers with an Error and closes)."""
+        await self._connection.dispatch(self._on_message)
+
+    def _on_message(self, message: Message) -> Awaitable[None] | None:
+        """Handle one message; a model change holds the rest until it is answered."""
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            raise ProtocolError(
+                ErrorCode.PROTOCOL_ERROR, f"{message.TAG!r} is not a client API message"
+            )
+        handler(message)
+        if not self._connection.queued_messages:
+            self._service.flush()  # this read's requests are all in: schedule them
+        if isinstance(message, AddModel | RemoveModel):
+            return self._admin_settled(message.request_id)  # its frame is not held meanwhile
+        return None  # (a slow reader: dispatch stops reading while our replies back up)
 
     async def settle(self) -> None:
         """The peer ended its writing: return once every request it sent has had its reply
