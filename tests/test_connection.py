@@ -168,6 +168,45 @@ async def test_dispatch_stops_at_a_handler_exception_and_raises_it(serve: Serve)
     await client.wait_closed()
 
 
+async def test_dispatch_holds_later_messages_while_a_handler_awaitable_runs(
+    serve: Serve,
+) -> None:
+    """A handler that returns an awaitable (a model change in the API): the messages behind
+    it are handed over only once it is done, still in order."""
+    got: list[int] = []
+    release = asyncio.Event()
+    holding: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    async def held() -> None:
+        holding.set_result(None)
+        await release.wait()
+
+    def handler(message: Message) -> Awaitable[None] | None:
+        assert isinstance(message, Ping)
+        got.append(message.seq)
+        return held() if message.seq == 1 else None
+
+    async def record(connection: Connection) -> None:
+        with contextlib.suppress(ConnectionClosed):
+            await connection.dispatch(handler)
+
+    client = await open_connection(await serve(record))
+    for i in range(5):
+        client.send(Ping(i, 0))
+    await client.drain()
+    async with asyncio.timeout(30):  # a hang guard, not a timing claim
+        await holding
+        for _ in range(20):
+            await asyncio.sleep(0)  # time for the rest to arrive: none is handed over
+        assert got == [0, 1]
+        release.set()
+        while len(got) < 5:
+            await asyncio.sleep(0.001)
+    assert got == [0, 1, 2, 3, 4]
+    client.close()
+    await client.wait_closed()
+
+
 async def test_dispatch_stops_reading_while_the_peer_does_not_read_the_answers(
     serve: Serve,
 ) -> None:
