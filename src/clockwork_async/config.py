@@ -66,7 +66,8 @@ class ExecutorType(StrEnum):
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """``[server]``: the client API listener, its limits, logging, authentication and TLS,
-    and whether the daemon pins itself (the controller) to one CPU."""
+    whether the daemon pins itself (the controller) to one CPU and how long its loop
+    busy-polls after work."""
 
     listen: Address = DEFAULT_SERVER_LISTEN
     max_connections: int = ranged(4096, 1, 1_000_000)
@@ -86,6 +87,7 @@ class ServerConfig:
     tls_cert_path: Path | None = None
     tls_key_path: Path | None = None
     pin_controller: bool = True  # the daemon's own process, to a CPU no executor is pinned to
+    busy_poll_us: float = ranged(300.0, 0.0, 100_000.0)  # after work, poll sockets, not sleep
 
     @property
     def auth_enabled(self) -> bool:

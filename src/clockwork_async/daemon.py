@@ -219,17 +219,39 @@ class Daemon:
         self._announce()
 
     def _pin_controller(self, cpus: tuple[int, ...]) -> None:
-        """Pin the loop's thread to a CPU no local executor is pinned to, if configured."""
+        """Pin the loop's thread to a CPU no local executor is pinned to, if configured, and
+        busy-poll on it when it is the controller's own."""
         if not self.config.server.pin_controller:
+            self._busy_poll("the controller is not pinned (server.pin_controller = false)")
             return
         before = os.sched_getaffinity(0)
+        taken = setup.pinned_executor_cpus(self.config)
         try:
-            cpu = pin_controller(cpus, taken=setup.pinned_executor_cpus(self.config))
+            cpu = pin_controller(cpus, taken=taken)
         except OSError as error:
             log.warning("the controller is not pinned: %s", error)
+            self._busy_poll("the controller is not pinned")
             return
         self._affinity_before, self.controller_cpu = before, cpu
         log.info("controller pinned to CPU %d", cpu)
+        if cpu in taken:
+            self._busy_poll(f"the controller shares CPU {cpu} with an executor")
+        elif not all(executor.cpus for executor in setup.local_executors(self.config)):
+            self._busy_poll("a local executor without cpus may run on the controller's CPU")
+        else:
+            self._busy_poll()
+
+    def _busy_poll(self, why_not: str = "") -> None:
+        """Busy-poll ``server.busy_poll_us`` after work, unless ``why_not``: polling burns the
+        CPU it runs on, which must then be the controller's alone."""
+        window_us = self.config.server.busy_poll_us
+        if not window_us:
+            return
+        if why_not:
+            log.info("busy polling off: %s", why_not)
+            return
+        self.driver.busy_poll(round(window_us * 1000))
+        log.info("busy polling %.0f us after work", window_us)
 
     def _unpin(self) -> None:
         if self._affinity_before is not None:

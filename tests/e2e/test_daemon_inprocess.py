@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import os
 import signal
 from pathlib import Path
@@ -74,6 +75,42 @@ async def test_a_served_daemon_stops_on_request_and_reports_its_addresses(tmp_pa
     assert state_of(daemon) is DaemonState.STOPPED
     assert not children(os.getpid())
     assert os.sched_getaffinity(0) == affinity  # put back
+
+
+async def serving(daemon: Daemon) -> asyncio.Future[int]:
+    run = asyncio.ensure_future(daemon.run())
+    while daemon.state is DaemonState.STARTING and not run.done():
+        await asyncio.sleep(0.05)
+    assert daemon.state is DaemonState.SERVING, await run
+    return run
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a CPU for the executor")
+async def test_a_controller_with_a_cpu_of_its_own_busy_polls_on_it(tmp_path: Path) -> None:
+    add_tiny(tmp_path / "models")
+    cpus = sorted(os.sched_getaffinity(0))
+    executor = f'{{backend = "simulated", cpus = [{cpus[-1]}], weights_bytes = 16777216}}'
+    daemon = sim_daemon(tmp_path, executors=f"[{executor}]", **{"server.busy_poll_us": "250"})
+    run = await serving(daemon)
+    assert daemon.controller_cpu == cpus[0]
+    assert daemon.driver.snapshot().busy_poll.window_ns == 250_000
+    daemon.request_stop()
+    assert await run == 0
+
+
+async def test_a_controller_that_may_share_its_cpu_does_not_busy_poll(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    add_tiny(tmp_path / "models")
+    caplog.set_level(logging.INFO, logger="clockwork_async.daemon")
+    for settings in ({}, {"server.pin_controller": "false"}):  # an unpinned executor; no pin
+        caplog.clear()
+        daemon = sim_daemon(tmp_path, **settings)
+        run = await serving(daemon)
+        assert daemon.driver.snapshot().busy_poll.window_ns == 0
+        assert "busy polling off" in caplog.text
+        daemon.request_stop()
+        assert await run == 0
 
 
 async def test_pinning_the_controller_can_be_turned_off(tmp_path: Path) -> None:

@@ -78,6 +78,7 @@ def test_live_gauges_split_queued_and_running_and_carry_the_cores_cold_starts() 
         prediction_errors=None,  # type: ignore[arg-type]
         loop_lag=None,  # type: ignore[arg-type]
         timer=None,  # type: ignore[arg-type]
+        busy_poll=None,  # type: ignore[arg-type]
         core_ns_per_request=0.0,
         driver_ns_per_request=0.0,
         send_ns_per_request=0.0,

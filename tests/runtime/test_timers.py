@@ -1,11 +1,14 @@
-"""WakeTimer (never before its time, one pending wake) and LagProbe, on the running loop."""
+"""WakeTimer (never before its time, one pending wake), BusyPoll (polls for its window after a
+touch, then stops) and LagProbe, on the running loop."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from clockwork_async.runtime.timers import LagProbe, WakeTimer
+import pytest
+
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, PollStats, WakeTimer
 
 
 class SteppingClock:
@@ -71,6 +74,58 @@ async def test_cancel_stops_delivery() -> None:
     timer.cancel()
     await asyncio.sleep(0.01)
     assert fired == []
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 0
+
+    def __call__(self) -> int:
+        return self.now
+
+
+async def iterations(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_busy_poll_keeps_one_callback_queued_until_its_window_has_passed() -> None:
+    clock = ManualClock()
+    poll = BusyPoll(1_000, now_ns=clock)
+    poll.touch()
+    poll.touch()  # within the window: extends it, queues nothing more
+    await iterations(5)
+    assert poll.stats().windows == 1 and poll.stats().polls == 5  # one poll per iteration
+    clock.now = 600
+    poll.touch()  # now polls until 1,600
+    clock.now = 1_200
+    await iterations(3)
+    assert poll.stats().polls == 8
+    clock.now = 1_600
+    await iterations(3)
+    assert poll.stats().polls == 8  # the window passed: the loop may sleep again
+    poll.touch()
+    await iterations(1)
+    assert poll.stats() == PollStats(window_ns=1_000, windows=2, polls=9)
+    poll.cancel()
+    await iterations(3)
+    assert poll.stats().polls == 9
+
+
+async def test_busy_poll_is_off_at_a_zero_window_and_stops_when_set_to_zero() -> None:
+    clock = ManualClock()
+    off = BusyPoll(now_ns=clock)
+    off.touch()
+    await iterations(3)
+    assert off.stats().windows == 0 and off.stats().polls == 0
+    poll = BusyPoll(1_000_000, now_ns=clock)
+    poll.touch()
+    await iterations(2)
+    poll.set_window(0)
+    await iterations(3)
+    assert poll.stats().polls <= 2
+    with pytest.raises(ValueError, match="must be >= 0"):
+        poll.set_window(-1)
 
 
 async def test_close_wakes_are_rechecked_each_iteration_on_the_injected_clock() -> None:

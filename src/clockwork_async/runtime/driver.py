@@ -81,7 +81,7 @@ from clockwork_async.runtime.snapshot import (
     model_snapshot,
 )
 from clockwork_async.runtime.supervisor import Supervisor
-from clockwork_async.runtime.timers import LagProbe, WakeTimer
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, WakeTimer
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ class Driver:
             spin_below_ns=self.runtime.timer_spin_below_ns,
         )
         self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
+        self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
         self.outcome_listeners: list[OutcomeListener] = []
@@ -349,6 +350,7 @@ class Driver:
 
     def _actions_performed(self) -> None:
         self._actions.flush()
+        self._poll.touch()  # a result or the next request is likely soon: do not sleep
 
     # --- replies ----------------------------------------------------------------------------
 
@@ -405,6 +407,11 @@ class Driver:
             self._deliver(request, self._book.rejection(request, outcome, message, now_ns), now_ns)
             self._feed(RequestCancelled(request.request_id))  # the core forgets it
 
+    def busy_poll(self, window_ns: int) -> None:
+        """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
+        sleeping (0: off). Only for a controller with a CPU of its own: the polling uses it."""
+        self._poll.set_window(window_ns)
+
     async def close(self) -> None:
         """Answer what is left ``shutting_down``, stop timers and close every link."""
         if self._state is DriverState.CLOSED:
@@ -412,6 +419,7 @@ class Driver:
         self._enter(DriverState.CLOSED)
         self._answer_all(Outcome.SHUTTING_DOWN, "the server is shutting down")
         self._timer.cancel()
+        self._poll.cancel()
         self._lag.stop()
         await self._pool.close()
 
@@ -440,6 +448,7 @@ class Driver:
             prediction_errors=self._actions.prediction_errors.snapshot(),
             loop_lag=self._lag.stats(),
             timer=self._timer.stats(),
+            busy_poll=self._poll.stats(),
             core_ns_per_request=self._runner.core_ns / submitted if submitted else 0.0,
             driver_ns_per_request=self._runner.dispatch_ns / submitted if submitted else 0.0,
             send_ns_per_request=self._actions.send_ns / submitted if submitted else 0.0,

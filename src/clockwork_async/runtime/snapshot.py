@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkKeeper
-from clockwork_async.runtime.timers import LagStats, TimerStats
+from clockwork_async.runtime.timers import LagStats, PollStats, TimerStats
 
 if TYPE_CHECKING:
     from clockwork_async.runtime.models import RegisteredModel
@@ -73,6 +73,7 @@ class DriverSnapshot:
     prediction_errors: PredictionErrorStats
     loop_lag: LagStats
     timer: TimerStats
+    busy_poll: PollStats
     core_ns_per_request: float  # time in Controller.handle, per request
     driver_ns_per_request: float  # all event handling (core and sends included), per request
     send_ns_per_request: float  # encoding and writing actions to executor sockets, per request

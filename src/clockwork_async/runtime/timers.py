@@ -1,4 +1,4 @@
-"""The core's wake-up timer and the event loop's lag probe, on a running asyncio loop.
+"""The core's wake-up timer, the loop's busy poll and its lag probe, on a running asyncio loop.
 
 uvloop (libuv) keeps time in whole milliseconds, so a ``call_at`` fires anywhere from about a
 millisecond early to a millisecond late. `WakeTimer` therefore never trusts a timer for sub-ms
@@ -8,8 +8,14 @@ deliver; still further than ``spin_below_ns`` away -> re-arm; closer -> re-check
 loop iteration (``call_soon``), which still serves I/O in between, so the wait costs CPU but no
 latency.
 
+`BusyPoll` keeps the loop from sleeping for a short window after each burst of work: while a
+ready callback is queued, libuv polls its sockets without blocking, so the next message (an
+executor's result, the client's next request) is read as it lands instead of after the kernel
+wakes a halted CPU, which costs tens of microseconds on a virtual machine (docs/runtime.md).
+
 Invariants: at most one pending wake (a new ``arm`` replaces the old, as the core's WakeAt
-does); ``on_due`` is never called before the wake time by the injected clock.
+does); ``on_due`` is never called before the wake time by the injected clock. At most one poll
+callback is queued; none once the window has passed or after ``cancel``.
 """
 
 from __future__ import annotations
@@ -103,6 +109,69 @@ class WakeTimer:
         self._late_total_ns += late_ns
         self._late_max_ns = max(self._late_max_ns, late_ns)
         self._on_due()
+
+
+@dataclass(frozen=True, slots=True)
+class PollStats:
+    """How the loop busy-polls: the window after each handling (0: off), windows opened from
+    idle and loop iterations spent polling."""
+
+    window_ns: int
+    windows: int
+    polls: int
+
+
+class BusyPoll:
+    """After each ``touch``, keeps one ready callback queued until ``window_ns`` has passed
+    (by the injected clock), so the loop polls instead of sleeping. A window of 0 is off."""
+
+    def __init__(
+        self, window_ns: int = 0, *, now_ns: Callable[[], int] = time.monotonic_ns
+    ) -> None:
+        self._window_ns = 0
+        self._now_ns = now_ns
+        self._until_ns = 0
+        self._handle: asyncio.Handle | None = None
+        self._windows = 0
+        self._polls = 0
+        self.set_window(window_ns)
+
+    @property
+    def window_ns(self) -> int:
+        return self._window_ns
+
+    def set_window(self, window_ns: int) -> None:
+        """Poll ``window_ns`` after each touch from now on (0: off, and stop polling)."""
+        if window_ns < 0:
+            raise ValueError(f"busy poll window must be >= 0 ns, got {window_ns}")
+        self._window_ns = window_ns
+        if not window_ns:
+            self.cancel()
+
+    def touch(self) -> None:
+        """Work was done: keep polling until ``window_ns`` from now."""
+        if not self._window_ns:
+            return
+        self._until_ns = self._now_ns() + self._window_ns
+        if self._handle is None:
+            self._windows += 1
+            self._handle = asyncio.get_running_loop().call_soon(self._poll)
+
+    def cancel(self) -> None:
+        self._until_ns = 0
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def stats(self) -> PollStats:
+        return PollStats(self._window_ns, self._windows, self._polls)
+
+    def _poll(self) -> None:
+        if self._now_ns() < self._until_ns:
+            self._polls += 1
+            self._handle = asyncio.get_running_loop().call_soon(self._poll)
+        else:
+            self._handle = None
 
 
 @dataclass(frozen=True, slots=True)
