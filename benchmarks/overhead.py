@@ -3,8 +3,8 @@
     python -m benchmarks.overhead [--quick] [--pipeline N] [--no-flipped] [--json OUT]
 
 Targets, all driven by the same `clockwork_async.client.AsyncClient` over loopback TCP from
-this process, in interleaved blocks (echo, daemon, daemon-flipped, echo, ...) so that a change
-in the machine's load hits every target alike:
+this process, in interleaved blocks (echo, daemon, daemon-no-poll, daemon-flipped, echo, ...)
+so that a change in the machine's load hits every target alike:
 
 - ``echo``: a raw uvloop server in its own process, on the project's codec and
   `clockwork_async.connection`, that answers each InferRequest with an InferReply holding the
@@ -13,9 +13,13 @@ in the machine's load hits every target alike:
   is configured by default) with one simulated executor pinned to the last CPU. Its model is
   the built-in ``tiny-sim`` profile with ``slowdown`` 0.02: 10 µs at batch 1, 40 µs at batch
   16. Requests cross two hops (client -> daemon -> executor and back) and the controller core.
+  Its controller has CPU 0 to itself, so it busy-polls after work (``server.busy_poll_us``).
+- ``daemon-no-poll``: a second such daemon (its executor on the same CPU, idle while the other
+  is measured) with ``server.busy_poll_us = 0``: what the polling buys.
 - ``daemon-pinned`` or ``daemon-unpinned``: the same daemon process with its controller's
   affinity flipped for its blocks (every daemon thread pinned to the lowest CPU if the daemon
-  runs unpinned, allowed every CPU if it pinned itself), and restored after each block.
+  runs unpinned, allowed every CPU if it pinned itself), and restored after each block. It
+  keeps busy-polling, which the daemon would not choose unpinned.
 
 Measured: serial round trips (one request in flight; client-side perf_counter around
 ``await client.infer``) p50/p99/p99.9; the API ping (Ping/Pong, no controller); pipelined
@@ -58,11 +62,13 @@ from benchmarks.common import (
     write_report,
 )
 from clockwork_async.client import AsyncClient, ClientError, InferResult
+from clockwork_async.testing import clean_environ
 
 SLO_MS = 1000.0  # generous: this measures overhead, not scheduling
 SLOWDOWN = 0.02  # tiny-sim b1 500 µs x 0.02 = 10 µs
 INPUTS = {"input": np.zeros((1, 4), dtype=np.float32)}  # what simulated models take
 MODEL = "near-zero"
+BUSY_POLL_VARIABLE = "CLOCKWORK_ASYNC_SERVER_BUSY_POLL_US"
 ECHO_READY = "echo listening "
 # The daemon's own timing of a request: arrival to reply, arrival to sent to the executor, and
 # the executor's start to end (its lane's wait for the window's start is outside it).
@@ -298,19 +304,28 @@ slowdown = {SLOWDOWN}
 """
 
 
-def start_daemon(folder: Path) -> DaemonProcess:
+def start_daemon(folder: Path, *, busy_poll_us: float | None = None) -> DaemonProcess:
+    """The daemon as it configures itself, or with ``server.busy_poll_us`` set."""
     from clockwork_async.demo_models import build_tiny
 
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString())
     executor_cpu = max(os.sched_getaffinity(0))
-    return DaemonProcess.start(folder, daemon_config(folder, near_zero_executor(executor_cpu)))
+    config = daemon_config(folder, near_zero_executor(executor_cpu))
+    extra = {} if busy_poll_us is None else {BUSY_POLL_VARIABLE: str(busy_poll_us)}
+    return DaemonProcess.start(folder, config, env=clean_environ(folder, extra))
 
 
 async def run(plan: Plan, in_flight: int, flipped_variant: bool, folder: Path) -> dict[str, Any]:
     echo_process, echo_address = start_echo()
+    (folder / "no-poll").mkdir()
     try:
-        with start_daemon(folder) as daemon:
-            result = await run_targets(plan, in_flight, flipped_variant, echo_address, daemon)
+        with (
+            start_daemon(folder) as daemon,
+            start_daemon(folder / "no-poll", busy_poll_us=0) as no_poll,
+        ):
+            result = await run_targets(
+                plan, in_flight, flipped_variant, echo_address, daemon, no_poll
+            )
             return {"daemon_controller_cpus": daemon.controller_cpus(), **result}
     finally:
         echo_process.kill()
@@ -334,11 +349,17 @@ async def flipped_target(daemon: DaemonProcess) -> Target:
 
 
 async def run_targets(
-    plan: Plan, in_flight: int, flipped_variant: bool, echo_address: str, daemon: DaemonProcess
+    plan: Plan,
+    in_flight: int,
+    flipped_variant: bool,
+    echo_address: str,
+    daemon: DaemonProcess,
+    no_poll: DaemonProcess,
 ) -> dict[str, Any]:
     echo = await AsyncClient.connect(echo_address)
     plain = await AsyncClient.connect(daemon.api)
     targets = [Target("echo", echo), Target("daemon", plain, is_daemon=True)]
+    targets.append(Target("daemon-no-poll", await AsyncClient.connect(no_poll.api), is_daemon=True))
     if flipped_variant:
         targets.append(await flipped_target(daemon))
     try:
