@@ -240,6 +240,48 @@ async def test_dispatch_stops_reading_while_the_peer_does_not_read_the_answers(
     await client.wait_closed()
 
 
+async def test_dispatch_answers_what_a_half_closed_slow_reader_sent_before_ending() -> None:
+    """The peer sends, ends its writing (TCP half-close) and reads only later: the messages
+    that waited while the answers backed up are still handed over, then dispatch ends with
+    ConnectionClosed."""
+    ended: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    answer = {"y": np.zeros(64 << 10, np.uint8)}
+
+    async def answer_each(connection: Connection) -> None:
+        try:
+            await connection.dispatch(lambda m: connection.send(ActionResult(0, outputs=answer)))
+        except Exception as error:
+            ended.set_result(error)
+
+    server = await start_server(
+        answer_each, "tcp:127.0.0.1:0", write_high_water_bytes=1 << 20, allow_half_close=True
+    )
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.transport.pause_reading()  # type: ignore[attr-defined]  # reads nothing yet
+        sent = 300  # ~20 MB of answers: far past the transport's high water and the kernel's
+        writer.write(b"".join(Encoder().encode_bytes(Ping(i, 0)) for i in range(sent)))
+        writer.write_eof()
+        await writer.drain()
+        await asyncio.sleep(0.2)  # the server gets the end while its answers are backed up
+        writer.transport.resume_reading()  # type: ignore[attr-defined]
+        decoder, answers = Decoder(), 0
+        async with asyncio.timeout(30):  # a hang guard, not a timing claim
+            while answers < sent and (chunk := await reader.read(1 << 20)):
+                decoder.feed(chunk)
+                while decoder.next_message() is not None:
+                    answers += 1
+            error = await ended
+        assert answers == sent, repr(error)
+        assert isinstance(error, ConnectionClosed), repr(error)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_tcp_connections_disable_nagle_on_both_sides() -> None:
     server_side: list[Connection] = []
 

@@ -256,8 +256,9 @@ class Connection:
                     continue
                 if self._handler_error is not None:
                     raise self._handler_error
-                if self._ended is not None or self._decoder.error is not None:
-                    self._raise_ending()
+                ending = self._ended is not None or self._decoder.error is not None
+                if ending and not self._decoder.buffered_messages:
+                    self._raise_ending()  # (messages left: writers are paused; they wait)
                 self._readable.clear()
                 await self._readable.wait()
         finally:

@@ -12,6 +12,8 @@ latency.
 ready callback is queued, libuv polls its sockets without blocking, so the next message (an
 executor's result, the client's next request) is read as it lands instead of after the kernel
 wakes a halted CPU, which costs tens of microseconds on a virtual machine (docs/runtime.md).
+Each poll yields the CPU first (``sched_yield``), so it only takes time no other runnable
+thread on that CPU wants.
 
 Invariants: at most one pending wake (a new ``arm`` replaces the old, as the core's WakeAt
 does); ``on_due`` is never called before the wake time by the injected clock. At most one poll
@@ -21,6 +23,7 @@ callback is queued; none once the window has passed or after ``cancel``.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -123,7 +126,8 @@ class PollStats:
 
 class BusyPoll:
     """After each ``touch``, keeps one ready callback queued until ``window_ns`` has passed
-    (by the injected clock), so the loop polls instead of sleeping. A window of 0 is off."""
+    (by the injected clock), so the loop polls instead of sleeping; each poll yields the CPU
+    to any other runnable thread first. A window of 0 is off."""
 
     def __init__(
         self, window_ns: int = 0, *, now_ns: Callable[[], int] = time.monotonic_ns
@@ -169,6 +173,7 @@ class BusyPoll:
     def _poll(self) -> None:
         if self._now_ns() < self._until_ns:
             self._polls += 1
+            os.sched_yield()  # polite: any other runnable thread on this CPU goes first
             self._handle = asyncio.get_running_loop().call_soon(self._poll)
         else:
             self._handle = None
