@@ -241,7 +241,8 @@ class Connection:
         """Call ``handler(message)`` for every message, in arrival order, as soon as its bytes
         are decoded (from the transport's read callback), until the connection ends; then
         raise as `recv` would: ProtocolError for bad bytes, ConnectionClosed at the end. A
-        handler that returns an awaitable holds the rest: reading pauses until it is done.
+        handler that returns an awaitable holds the rest: they queue (within the bounds, as
+        for `recv`) until it is done.
         An exception from ``handler`` stops dispatching and is raised here. Raises
         RuntimeError if another `dispatch` is running."""
         if self._handler is not None:

@@ -210,6 +210,7 @@ class Daemon:
         self._notifier.status("starting executors")
         unpinned_cpus = tuple(sorted(os.sched_getaffinity(0)))
         self._pin_controller(unpinned_cpus)
+        self._start_busy_poll()
         await self._start_executors(unpinned_cpus if self.controller_cpu is not None else ())
         self._notifier.status("registering models")
         await self._register_models()
@@ -219,39 +220,41 @@ class Daemon:
         self._announce()
 
     def _pin_controller(self, cpus: tuple[int, ...]) -> None:
-        """Pin the loop's thread to a CPU no local executor is pinned to, if configured, and
-        busy-poll on it when it is the controller's own."""
+        """Pin the loop's thread to a CPU no local executor is pinned to, if configured."""
         if not self.config.server.pin_controller:
-            self._busy_poll("the controller is not pinned (server.pin_controller = false)")
             return
         before = os.sched_getaffinity(0)
-        taken = setup.pinned_executor_cpus(self.config)
         try:
-            cpu = pin_controller(cpus, taken=taken)
+            cpu = pin_controller(cpus, taken=setup.pinned_executor_cpus(self.config))
         except OSError as error:
             log.warning("the controller is not pinned: %s", error)
-            self._busy_poll("the controller is not pinned")
             return
         self._affinity_before, self.controller_cpu = before, cpu
         log.info("controller pinned to CPU %d", cpu)
-        if cpu in taken:
-            self._busy_poll(f"the controller shares CPU {cpu} with an executor")
-        elif not all(executor.cpus for executor in setup.local_executors(self.config)):
-            self._busy_poll("a local executor without cpus may run on the controller's CPU")
-        else:
-            self._busy_poll()
 
-    def _busy_poll(self, why_not: str = "") -> None:
-        """Busy-poll ``server.busy_poll_us`` after work, unless ``why_not``: polling burns the
-        CPU it runs on, which must then be the controller's alone."""
+    def _start_busy_poll(self) -> None:
+        """Busy-poll ``server.busy_poll_us`` after work, if the controller has a CPU of its
+        own: polling uses the CPU it runs on."""
         window_us = self.config.server.busy_poll_us
         if not window_us:
             return
+        why_not = self._shared_controller_cpu()
         if why_not:
             log.info("busy polling off: %s", why_not)
             return
         self.driver.busy_poll(round(window_us * 1000))
         log.info("busy polling %.0f us after work", window_us)
+
+    def _shared_controller_cpu(self) -> str:
+        """Why the controller's CPU may not be its own ("" when it is)."""
+        cpu = self.controller_cpu
+        if cpu is None:
+            return "the controller is not pinned"
+        if cpu in setup.pinned_executor_cpus(self.config):
+            return f"the controller shares CPU {cpu} with an executor"
+        if not all(executor.cpus for executor in setup.local_executors(self.config)):
+            return "a local executor without cpus may run on the controller's CPU"
+        return ""
 
     def _unpin(self) -> None:
         if self._affinity_before is not None:

@@ -140,10 +140,6 @@ class BusyPoll:
         self._polls = 0
         self.set_window(window_ns)
 
-    @property
-    def window_ns(self) -> int:
-        return self._window_ns
-
     def set_window(self, window_ns: int) -> None:
         """Poll ``window_ns`` after each touch from now on (0: off, and stop polling)."""
         if window_ns < 0:
