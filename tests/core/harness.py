@@ -100,10 +100,13 @@ class Harness:
         code: str = "",
         at_ns: int | None = None,
     ) -> list[Command]:
-        """Report ``action`` done: ran from its earliest for its prediction unless told."""
-        predicted_ns = action.predicted_ns if isinstance(action, StartInfer) else RESNET.load_ns
-        start_ns = 0 if code else action.earliest_ns
-        end = 0 if code else (action.earliest_ns + predicted_ns if end_ns is None else end_ns)
+        """Report ``action`` done: ran from its planned start for its prediction unless told."""
+        if isinstance(action, StartInfer):
+            predicted_ns, planned_ns = action.predicted_ns, action.planned_start_ns
+        else:
+            predicted_ns, planned_ns = RESNET.load_ns, action.earliest_ns
+        start_ns = 0 if code else planned_ns
+        end = 0 if code else (planned_ns + predicted_ns if end_ns is None else end_ns)
         duration_ns = end - start_ns if not code else 0
         when_ns = max(self.now_ns, end) if at_ns is None else at_ns
         event = ActionFinished(

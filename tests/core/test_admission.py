@@ -53,10 +53,10 @@ def test_an_earlier_deadline_is_booked_ahead_of_work_that_can_wait() -> None:
     assert not only(h.request(2, "b", 11 * MS), Reply)
     assert h.ctl.executor("e1").booked_ns == 2 * B1
     (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
-    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("b", (2,), 2 * B1)
+    assert (infer.model, infer.request_ids, infer.planned_start_ns) == ("b", (2,), 2 * B1)
     h.finish(lane[0])
     (infer_a,) = only(h.ticks_until(3 * B1 - 3 * MS), StartInfer)
-    assert (infer_a.model, infer_a.request_ids, infer_a.earliest_ns) == ("a", (1,), 3 * B1)
+    assert (infer_a.model, infer_a.request_ids, infer_a.planned_start_ns) == ("a", (1,), 3 * B1)
     for action in (lane[1], infer, infer_a):
         h.finish(action)
     assert h.outcome(1) is Outcome.OK and h.outcome(2) is Outcome.OK
@@ -70,7 +70,7 @@ def test_an_earlier_deadline_goes_ahead_only_if_the_work_it_overtakes_still_fits
     # ends too late (8.19 + 3.39 > 9.5), and ahead of it, it would push a's to 11.58 > 10.45.
     assert only(h.request(2, "b", 10 * MS), Reply)[0].outcome is Outcome.INFEASIBLE
     (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
-    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("a", (1,), 2 * B1)
+    assert (infer.model, infer.request_ids, infer.planned_start_ns) == ("a", (1,), 2 * B1)
 
 
 def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
@@ -95,7 +95,7 @@ def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
     h.finish(only(second, StartInfer)[0])
     h.finish(only(h.finish(only(first, StartLoad)[0]), StartInfer)[0])  # z: 24.9 to 27.63
     (infer,) = only(h.finish(only(second, StartLoad)[0]), StartInfer)  # a ready at 33.2
-    assert (infer.model, infer.request_ids, infer.earliest_ns) == ("a", (11,), 4 * LOAD)
+    assert (infer.model, infer.request_ids, infer.planned_start_ns) == ("a", (11,), 4 * LOAD)
     h.finish(infer)
     assert h.outcome(11) is Outcome.OK and h.ctl.stats().outcomes["dropped"] == 0
 
@@ -112,7 +112,7 @@ def test_demand_from_a_rejected_cold_request_leads_to_a_load_and_later_requests_
     assert (load.model, load.earliest_ns) == ("a", 0)
     h.finish(load)  # loaded at 8.3 ms
     (infer,) = only(h.request(2, "a", 2 * B1, at_ns=9 * MS), StartInfer)
-    assert (infer.request_ids, infer.earliest_ns) == ((2,), 9 * MS)
+    assert (infer.request_ids, infer.planned_start_ns) == ((2,), 9 * MS)
     h.finish(infer)
     assert h.outcome(2) is Outcome.OK
 
@@ -157,7 +157,7 @@ def test_requests_booked_on_an_executor_that_leaves_are_booked_again_elsewhere()
     for infer in busy[2:]:
         later += h.finish(infer)
     (infer,) = only(later, StartInfer)
-    assert (infer.executor_id, sorted(infer.request_ids), infer.earliest_ns) == (
+    assert (infer.executor_id, sorted(infer.request_ids), infer.planned_start_ns) == (
         "e2",
         [0, 1, 10],
         2 * B1,
@@ -182,7 +182,7 @@ def test_a_batch_takes_no_request_booked_later_when_that_breaks_another_promise(
     h.finish(first)
     h.finish(second)
     later = h.finish(infer)
-    assert [(c.model, c.request_ids, c.earliest_ns) for c in only(later, StartInfer)] == [
+    assert [(c.model, c.request_ids, c.planned_start_ns) for c in only(later, StartInfer)] == [
         ("b", (3,), 4_050 * US + 2 * B1),
         ("a", (4,), 4_050 * US + 3 * B1),
     ]
@@ -198,7 +198,7 @@ def test_work_booked_behind_a_load_is_not_pushed_by_a_batch_run_in_the_gap() -> 
     commands = h.request(2, "b", 30 * MS, at_ns=7 * MS)
     assert not only(commands, StartInfer) and not only(commands, Reply)
     infers = only(h.finish(load), StartInfer)  # at 8.3 ms: a first, then b
-    assert [(c.model, c.earliest_ns) for c in infers] == [("a", LOAD), ("b", LOAD + B1)]
+    assert [(c.model, c.planned_start_ns) for c in infers] == [("a", LOAD), ("b", LOAD + B1)]
 
 
 def test_a_new_batch_is_opened_only_where_it_can_grow_to_its_target_batch() -> None:

@@ -36,7 +36,7 @@ def test_timeout_waits_for_a_fuller_batch_at_most_the_max_queue_delay() -> None:
     assert not only(h.request(1, "a", 100 * MS), StartInfer)
     assert h.wake_ns == 1 * MS
     (infer,) = only(h.tick(1 * MS), StartInfer)
-    assert (infer.batch_size, infer.earliest_ns) == (1, 1 * MS)
+    assert (infer.batch_size, infer.planned_start_ns) == (1, 1 * MS)
 
 
 def test_timeout_sends_a_full_batch_at_once() -> None:

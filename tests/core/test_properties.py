@@ -139,6 +139,7 @@ class ControllerMachine(RuleBasedStateMachine):
         count = len(infer.request_ids)
         assert infer.batch_size == min(b for b in SIZES if b >= count)
         assert infer.earliest_ns >= self.now_ns and infer.latest_ns >= infer.earliest_ns
+        assert infer.planned_start_ns >= infer.earliest_ns
         executor.infers.append(infer)
 
     def advance_to(self, time_ns: int) -> None:
@@ -329,10 +330,12 @@ class ControllerMachine(RuleBasedStateMachine):
 
     @invariant()
     def lanes_hold_one_action_at_a_time(self) -> None:
-        for executor in self.executors.values():
-            windows = sorted((i.earliest_ns, i.predicted_ns) for i in executor.infers)
-            for (start, predicted), (next_start, _) in itertools.pairwise(windows):
-                assert next_start >= start + predicted
+        """The core plans each lane's outstanding actions one after another (each may start
+        early, when the one before ends early: the chain moves with the results)."""
+        for executor in self.ctl._core.executors.values():
+            for lane in (executor.exec_lane, executor.load_lane):
+                for before, after in itertools.pairwise(lane.outstanding):
+                    assert after.planned_end_ns - after.predicted_ns >= before.planned_end_ns
 
     @invariant()
     def counts_agree(self) -> None:

@@ -23,14 +23,14 @@ def busy_lane(h: Harness, model: str = "a") -> list[StartInfer]:
     """Two b1 requests at t=0 fill the lane to 5.46 ms (past the 3 ms horizon)."""
     first = only(h.request(1000, model, 100 * MS), StartInfer)
     second = only(h.request(1001, model, 100 * MS), StartInfer)
-    assert [(c.earliest_ns, c.batch_size) for c in first + second] == [(0, 1), (B1, 1)]
+    assert [(c.planned_start_ns, c.batch_size) for c in first + second] == [(0, 1), (B1, 1)]
     return first + second
 
 
 def test_idle_executor_runs_a_lone_request_at_once_with_a_window_that_meets_its_deadline() -> None:
     h = loaded_harness("a")
     (infer,) = only(h.request(1, "a", 100 * MS), StartInfer)
-    assert infer == StartInfer("e1", infer.action_id, "a", 1, (1,), 0, 95 * MS - B1, B1)
+    assert infer == StartInfer("e1", infer.action_id, "a", 1, (1,), 0, 95 * MS - B1, B1, 0)
 
 
 def test_queued_requests_go_as_one_padded_batch_when_the_lane_frees_up() -> None:
@@ -41,7 +41,8 @@ def test_queued_requests_go_as_one_padded_batch_when_the_lane_frees_up() -> None
     assert h.wake_ns == 2 * B1 - 3 * MS  # lane free at 5.46 ms, minus schedule-ahead
     (infer,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
     assert infer.batch_size == 8 and infer.request_ids == (0, 1, 2, 3, 4)
-    assert (infer.earliest_ns, infer.latest_ns, infer.predicted_ns) == (2 * B1, 95 * MS - B8, B8)
+    window = (infer.planned_start_ns, infer.latest_ns, infer.predicted_ns)
+    assert window == (2 * B1, 95 * MS - B8, B8)
 
 
 def test_batch_is_the_largest_that_meets_the_earliest_deadline() -> None:
@@ -61,11 +62,11 @@ def test_earliest_deadline_first_across_models() -> None:
     h.request(1, "a", 80 * MS)
     h.request(2, "b", 50 * MS)
     (first,) = only(h.tick(2 * B1 - 3 * MS), StartInfer)
-    assert (first.model, first.earliest_ns) == ("b", 2 * B1)
+    assert (first.model, first.planned_start_ns) == ("b", 2 * B1)
     assert h.wake_ns == 3 * B1 - 3 * MS
     h.finish(running[0])  # on time (2.73 ms): no correction
     (second,) = only(h.tick(3 * B1 - 3 * MS), StartInfer)
-    assert (second.model, second.earliest_ns) == ("a", 3 * B1)
+    assert (second.model, second.planned_start_ns) == ("a", 3 * B1)
 
 
 def test_a_request_is_dropped_the_moment_the_lane_falls_behind_its_promise() -> None:
@@ -96,7 +97,7 @@ def test_cold_start_loads_then_infers_after_the_load_result() -> None:
     assert not only(commands, StartInfer)
     assert (load.executor_id, load.model, load.earliest_ns) == ("e1", "a", 0)
     (infer,) = only(h.finish(load), StartInfer)
-    assert (infer.earliest_ns, infer.request_ids) == (8_300 * US, (1,))
+    assert (infer.planned_start_ns, infer.request_ids) == (8_300 * US, (1,))
     assert h.ctl.stats().counters["cold_starts"] == 1
 
 
@@ -128,20 +129,21 @@ def test_executor_that_falls_behind_is_resynchronised() -> None:
     h = loaded_harness("a")
     h.request(1, "a", 100 * MS)  # predicted [0, 2.73], no result arrives
     (infer,) = only(h.request(2, "a", 100 * MS, at_ns=10 * MS), StartInfer)
-    assert infer.earliest_ns == 10 * MS  # not 2.73 ms: the lane is assumed busy until now
+    assert infer.planned_start_ns == 10 * MS  # not 2.73 ms: the lane is assumed busy until now
     assert h.ctl.executor("e1").resyncs == 1
 
 
 def test_result_correction_moves_the_lane_earlier() -> None:
     h = loaded_harness("a")
-    first, second = busy_lane(h)
+    first, _ = busy_lane(h)
     for request_id in range(3):
         h.request(request_id, "a", 100 * MS)
-    h.finish(first, end_ns=2 * MS)  # 0.73 ms faster than predicted
-    # the second still starts at its window (2.73), the lane is free at 5.46 (not 4.73):
-    assert h.ctl.executor("e1").exec_free_at_ns == 2 * B1
-    (infer,) = only(h.finish(second, end_ns=4 * MS), StartInfer)
-    assert infer.earliest_ns == 4 * MS and infer.request_ids == (0, 1, 2)
+    # 0.73 ms faster than predicted: the second may start at once (its window opened when it
+    # was sent), so the lane is free at 4.73 ms, not the 5.46 planned, within the 3 ms
+    # horizon of 2 ms: the queued three go, planned from 4.73
+    (infer,) = only(h.finish(first, end_ns=2 * MS), StartInfer)
+    assert infer.planned_start_ns == 2 * MS + B1 and infer.request_ids == (0, 1, 2)
+    assert infer.earliest_ns == 2 * MS  # sent now: may start as soon as the second ends
 
 
 def test_wake_at_is_sent_only_when_earlier_than_the_one_pending() -> None:
@@ -168,7 +170,7 @@ def test_a_fuller_batch_goes_first_when_serving_the_urgent_head_first_would_lose
     # (10.49 + 2.73 > 12.35): a request is lost either way, so two beat one.
     commands = h.tick(5_030 * US)
     (infer,) = only(commands, StartInfer)
-    assert (infer.batch_size, infer.request_ids, infer.earliest_ns) == (2, (2, 3), 7_760 * US)
+    assert (infer.batch_size, infer.request_ids, infer.planned_start_ns) == (2, (2, 3), 7_760 * US)
     assert h.outcome(1) is Outcome.DROPPED
 
 

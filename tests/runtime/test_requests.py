@@ -142,12 +142,26 @@ def test_the_return_hop_estimate_is_a_padded_clamped_percentile() -> None:
     hop = ReturnHop(window=100, percentile=99.0, slack=0.1, initial_ns=500_000, refresh_every=1)
     assert hop.estimate_ns == 500_000
     for _ in range(99):
-        hop.add(200_000)
-    hop.add(10_000_000)  # one outlier in 100: p99 (nearest rank) is still 200 us
+        hop.add(200_000, 0)
+    hop.add(10_000_000, 0)  # one outlier in 100: p99 (nearest rank) is still 200 us
     assert hop.estimate_ns == 220_000
     for _ in range(100):
-        hop.add(1_000)
+        hop.add(1_000, 0)
     assert hop.estimate_ns == 50_000  # the floor
     for _ in range(100):
-        hop.add(1_000_000_000)
+        hop.add(1_000_000_000, 0)
     assert hop.estimate_ns == 10_000_000  # the ceiling
+
+
+def test_a_stale_return_hop_tail_is_forgotten_once_per_stale_period() -> None:
+    hop = ReturnHop(window=100, slack=0.0, refresh_every=1, stale_ns=1_000)
+    for i in range(100):
+        hop.add(200_000 if i % 2 else 8_000_000, now_ns=10)  # a burst left half the window slow
+    assert hop.estimate_ns == 8_000_000
+    assert not hop.relieve(now_ns=1_009)  # a sample came less than stale_ns ago
+    assert hop.estimate_ns == 8_000_000
+    assert hop.relieve(now_ns=1_010)  # no action ran for stale_ns: the slow half goes
+    assert hop.estimate_ns == 200_000
+    assert not hop.relieve(now_ns=2_009)  # once per stale period
+    hop.add(5_000_000, now_ns=2_100)  # measured again: the tail comes back honestly
+    assert hop.estimate_ns == 5_000_000

@@ -140,9 +140,10 @@ class StartInfer:
     model: str
     batch_size: int  # >= len(request_ids); the runtime pads the rest
     request_ids: tuple[RequestId, ...]
-    earliest_ns: int
+    earliest_ns: int  # may start from here (when sent: as soon as the lane's earlier work ends)
     latest_ns: int
     predicted_ns: int  # predicted execute duration
+    planned_start_ns: int = 0  # where the core planned it: after the lane's committed work
 
 
 @dataclass(frozen=True, slots=True)

@@ -199,7 +199,7 @@ def start_load(
     )
     action.latest_ns = earliest_ns + core.config.load_window_ns
     action.pages = model.spec.weights_pages
-    executor.load_lane.commit(action)
+    executor.load_lane.commit(action, earliest_ns)
     executor.loading[model.name] = action
     executor.actions[action.action_id] = action
     executor.pages_used += action.pages

@@ -3,6 +3,9 @@
 Invariants: a lane runs one action at a time, in the order the core committed them; its
 ``end_ns`` is the predicted end of the last committed action, chained from the last measured
 end (``base_ns``) through each outstanding action's ``max(earliest, previous end) + predicted``.
+An action's ``earliest_ns`` is when it may start, not when it is planned to: an INFER may
+start as soon as it is sent (the lane is work-conserving: an action that ends before its
+prediction lets the next one start early, on the executor and in this chain).
 Results correct the chain; an executor that falls behind (its first outstanding action is past
 its predicted end without a result) is resynchronised: that action is assumed to end now.
 ``pages_used`` counts loaded and loading copies (a LOAD reserves its pages when it is sent; an
@@ -86,9 +89,10 @@ class Lane:
         free_ns = self.free_at(now_ns)
         return free_ns if free_ns > now_ns else now_ns
 
-    def commit(self, action: Action) -> None:
-        """Append ``action`` (its ``earliest_ns`` >= ``start_for(now)``) to the lane."""
-        action.planned_end_ns = action.earliest_ns + action.predicted_ns
+    def commit(self, action: Action, start_ns: int) -> None:
+        """Append ``action``, planned to start at ``start_ns`` (``start_for(now)``, no earlier
+        than its ``earliest_ns``), to the lane."""
+        action.planned_end_ns = start_ns + action.predicted_ns
         self.outstanding.append(action)
         self.end_ns = action.planned_end_ns
 

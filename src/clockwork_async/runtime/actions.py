@@ -126,7 +126,8 @@ class Actions:
         action.received_ns = self._now_ns()
         action.offset_ns = link.clock.offset_ns
         if result.end_ns:
-            self.return_hop.add(action.received_ns - (result.end_ns - action.offset_ns))
+            hop_ns = action.received_ns - (result.end_ns - action.offset_ns)
+            self.return_hop.add(hop_ns, action.received_ns)
         record = self._pool.records.get(action.executor_id)
         if record is not None:
             record.pages_free = result.pages_free or record.pages_free

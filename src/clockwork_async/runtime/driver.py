@@ -304,7 +304,9 @@ class Driver:
             else:
                 self._start()
                 self._book.add_request(request)
-                core_deadline_ns = deadline_ns - self._actions.return_hop.estimate_ns
+                hop = self._actions.return_hop
+                hop.relieve(now_ns)  # nothing measured for a while: forget a stale tail
+                core_deadline_ns = deadline_ns - hop.estimate_ns
                 self._runner.feed_arrival(RequestArrived(request_id, model, core_deadline_ns))
         return request_id
 

@@ -10,7 +10,14 @@ estimate, and judges every answer against the request's true deadline when it is
 
 Invariant: the estimate is the ``percentile`` of the last ``window`` measured hops (nearest
 rank), times ``1 + slack``, clamped to [``floor_ns``, ``ceiling_ns``], as of the last multiple
-of ``refresh_every`` samples; before that it is ``initial_ns``.
+of ``refresh_every`` samples (or of the last relief); before that it is ``initial_ns``.
+
+Recovery: hops are only measured when actions run, and a tail left by a burst of contention can
+make every request look infeasible, so that nothing runs to correct it (seen: after an overload
+at a 24 ms SLO, a daemon refused every request at 5-7 ms SLOs). ``relieve`` therefore lets a
+window that has had no sample for ``stale_ns`` forget its upper half (the samples over its
+median), once per ``stale_ns``: the estimate falls to the typical hop, and the tail comes back
+only if the next actions measure it again.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from clockwork_async.runtime.requests import InferOutcome
 INITIAL_NS = 500_000
 FLOOR_NS = 50_000
 CEILING_NS = 10_000_000
+STALE_NS = 1_000_000_000
 
 
 class ReturnHop:
@@ -40,6 +48,7 @@ class ReturnHop:
         floor_ns: int = FLOOR_NS,
         ceiling_ns: int = CEILING_NS,
         refresh_every: int = 16,
+        stale_ns: int = STALE_NS,
     ) -> None:
         self._samples: deque[int] = deque(maxlen=window)
         self._percentile = percentile
@@ -48,16 +57,32 @@ class ReturnHop:
         self._ceiling_ns = ceiling_ns
         self._refresh_every = refresh_every
         self._since_update = 0
+        self._stale_ns = stale_ns
+        self._sampled_ns = 0  # when the last sample came, or the window was last relieved
         self.estimate_ns = initial_ns
 
-    def add(self, hop_ns: int) -> None:
+    def add(self, hop_ns: int, now_ns: int) -> None:
         """Add one measured hop; the estimate is recomputed every ``refresh_every`` samples
         (a sort of the window: kept off the per-request path)."""
         self._samples.append(max(0, hop_ns))
+        self._sampled_ns = now_ns
         self._since_update += 1
         if self._since_update >= self._refresh_every:
             self._since_update = 0
             self._update()
+
+    def relieve(self, now_ns: int) -> bool:
+        """Forget the upper half of a window that has had no sample for ``stale_ns`` (see the
+        module's "Recovery"); returns whether it did. One comparison when not stale."""
+        if now_ns - self._sampled_ns < self._stale_ns or len(self._samples) < 2:
+            return False
+        median_ns = sorted(self._samples)[(len(self._samples) - 1) // 2]
+        kept = [hop_ns for hop_ns in self._samples if hop_ns <= median_ns]
+        self._samples.clear()
+        self._samples.extend(kept)
+        self._sampled_ns = now_ns
+        self._update()
+        return True
 
     def _update(self) -> None:
         ordered = sorted(self._samples)
