@@ -8,9 +8,14 @@ Invariants:
   REGISTERED`` (plus ``LOADING -> REGISTERED`` when a load fails, and out of the registry from
   ``REGISTERING`` or ``REGISTERED``); any other move raises `InvalidTransition`.
 - Lanes: LOAD runs in the ``load`` lane; INFER and UNLOAD in the ``execute`` lane, so an
-  UNLOAD never runs while an INFER of its model is running, and an INFER ordered behind the
-  UNLOAD of its model answers NOT_LOADED. RegisterModel/UnregisterModel run in a private
+  UNLOAD never runs while an INFER of its model is running. An UNLOAD goes ahead of the
+  INFERs waiting there (it starts when the running action ends), and an INFER ordered behind
+  the UNLOAD of its model answers NOT_LOADED. RegisterModel/UnregisterModel run in a private
   ``register`` lane so reading model files never delays a timed action.
+- A controller evicts by sending UNLOADs and then, at once, the LOAD that needs their pages.
+  A LOAD that finds too few free pages while UNLOADs of loaded models are pending waits for
+  them (at most ``UNLOAD_WAIT_S``) before it answers NO_PAGES, so it is not refused for
+  pages the UNLOADs delivered before it are about to free.
 - UNLOAD releases the backend's session (``backend.unload``) before its pages go back to the
   cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
   a session can still read it. The host never evicts on its own.
@@ -63,6 +68,7 @@ A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
 REGISTER_LANE = "register"
 LOAD_LANE = "load"
 EXECUTE_LANE = "execute"
+UNLOAD_WAIT_S = 2.0  # the longest a LOAD waits for pending UNLOADs to free its pages
 
 
 class ModelState(StrEnum):
@@ -122,6 +128,8 @@ class ExecutorHost:
         self._clock = clock
         self._now_ns: Callable[[], int] = clock.now_ns if clock else time.monotonic_ns
         self._lock = threading.Lock()
+        self._pages_freed = threading.Condition(self._lock)  # an UNLOAD ended (or close)
+        self._unloading: set[str] = set()  # loaded models whose UNLOAD is pending
         self._models: dict[str, ModelEntry] = {}
         self._lanes: dict[str, Lane] = {}
         self._post: Post = _call_now
@@ -144,7 +152,9 @@ class ExecutorHost:
         Idempotent."""
         if self._closed:
             return
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._pages_freed.notify_all()  # a LOAD waiting for pages stops waiting
         for lane in self._lanes.values():
             lane.close()
         with self._lock:
@@ -239,7 +249,15 @@ class ExecutorHost:
             self._enqueue(EXECUTE_LANE, *window, action, reply, self._infer)
         else:
             self._require_known(action.model)
-            self._enqueue(EXECUTE_LANE, self._now_ns(), NEVER_NS, action, reply, self._unload)
+            self._expect_unload(action.model)
+            self._enqueue(EXECUTE_LANE, 0, NEVER_NS, action, reply, self._unload)
+
+    def _expect_unload(self, name: str) -> None:
+        """Note that the pages of ``name`` (if loaded) are about to be freed."""
+        with self._lock:
+            entry = self._models.get(name)
+            if entry is not None and entry.state is _S.LOADED:
+                self._unloading.add(name)
 
     def _require_known(self, name: str) -> RegisteredModel:
         """The registered model ``name``. Raises Refused(UNKNOWN_MODEL)."""
@@ -393,13 +411,23 @@ class ExecutorHost:
             entry = self._entry(name)
             if entry.state is not _S.REGISTERED or entry.registered is None:
                 raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
-            try:
-                runs = self._pages.allocate(entry.registered.run_pages)
-            except NoPages as error:
-                raise Refused(ErrorCode.NO_PAGES, f"model {name!r} {error.message}") from None
+            runs = self._allocate_waiting(name, entry.registered.run_pages)
             entry.runs = tuple(runs)
             entry.move(_S.LOADING)
             return entry, entry.registered, runs
+
+    def _allocate_waiting(self, name: str, run_pages: tuple[int, ...]) -> list[PageRun]:
+        """Holding the lock: pages for ``name``, waiting while pending UNLOADs may free them.
+        Raises Refused(NO_PAGES)."""
+        deadline = time.monotonic() + UNLOAD_WAIT_S
+        while True:
+            try:
+                return self._pages.allocate(run_pages)
+            except NoPages as error:
+                left_s = deadline - time.monotonic()
+                if not self._unloading or self._closed or left_s <= 0:
+                    raise Refused(ErrorCode.NO_PAGES, f"model {name!r} {error.message}") from None
+            self._pages_freed.wait(left_s)
 
     def _infer(self, action: Infer, start_ns: int) -> Message:
         with self._lock:
@@ -408,6 +436,14 @@ class ExecutorHost:
         return self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
 
     def _unload(self, action: Unload, start_ns: int) -> Message:
+        try:
+            return self._release_pages(action, start_ns)
+        finally:
+            with self._lock:
+                self._unloading.discard(action.model)
+                self._pages_freed.notify_all()
+
+    def _release_pages(self, action: Unload, start_ns: int) -> Message:
         with self._lock:
             loaded = self._loaded(action.model)
             entry = self._models[action.model]

@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 from clockwork_async.executors.arena import CountingArena
 from clockwork_async.executors.backend import BackendError, LoadedModel, PageRun
-from clockwork_async.executors.host import ExecutorHost, InvalidTransition, ModelEntry, ModelState
+from clockwork_async.executors.host import (
+    UNLOAD_WAIT_S,
+    ExecutorHost,
+    InvalidTransition,
+    ModelEntry,
+    ModelState,
+)
 from clockwork_async.executors.pages import PageCache
 from clockwork_async.executors.simulated import SimRegistered, SimulatedBackend, load_profile_file
 from clockwork_async.executors.validation import Refused, validate_inputs
@@ -49,6 +55,11 @@ class Replies:
         with self._cond:
             self.by_id.setdefault(getattr(message, "action_id", -1), []).append(message)
             self._cond.notify_all()
+
+    def arrived(self, action_id: int, timeout_s: float) -> bool:
+        """Whether the reply to ``action_id`` arrives within ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: action_id in self.by_id, timeout_s)
 
     def wait(self, action_id: int, timeout_s: float = 5.0) -> Message:
         with self._cond:
@@ -268,14 +279,81 @@ def test_pages_are_not_reused_while_a_session_can_still_read_them() -> None:
         unload_id = driver.send(lambda i: Unload(i, "old"))
         assert backend.unloading.wait(5)
         assert driver.host.model_state("old") is ModelState.UNLOADING
-        assert _result(driver.load("new")).code == ErrorCode.NO_PAGES
+        load_id = driver.send(lambda i: Load(i, "new", 0, NEVER_NS))
+        # The LOAD waits for the pages of the UNLOAD ahead of it, not refused and not given
+        # pages the old session can still read.
+        assert not driver.replies.arrived(load_id, timeout_s=0.05)
+        assert driver.host.model_state("new") is ModelState.REGISTERED
         backend.release.set()
-        assert _result(driver.replies.wait(unload_id)).pages_free == 1
-        assert _result(driver.load("new")).ok
+        unloaded = _result(driver.replies.wait(unload_id))
+        loaded = _result(driver.replies.wait(load_id))
+        assert unloaded.ok and loaded.ok and loaded.end_ns >= unloaded.end_ns
         driver.unload("new")
     finally:
         backend.release.set()
         driver.host.close()
+
+
+class HeldInferBackend(SimulatedBackend):
+    """Holds every ``infer`` (the execute lane busy) until the test releases it."""
+
+    def __init__(self, arena: CountingArena) -> None:
+        super().__init__(arena)
+        self.inferring = threading.Event()
+        self.release = threading.Event()
+
+    def infer(
+        self, loaded: LoadedModel, batch_size: int, inputs: Mapping[str, np.ndarray]
+    ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+        self.inferring.set()
+        assert self.release.wait(5)
+        return super().infer(loaded, batch_size, inputs)
+
+
+def test_an_eviction_behind_a_running_infer_frees_pages_for_the_load_after_it() -> None:
+    # What a controller's eviction looks like: UNLOAD b, then at once LOAD c into b's pages,
+    # while an INFER of a runs and another waits. The UNLOAD goes ahead of the waiting INFER
+    # and the LOAD waits for it instead of answering NO_PAGES.
+    backend = HeldInferBackend(CountingArena(16 * MIB, 2))
+    driver = Driver(backend, pages_total=2)
+    try:
+        for name in ("a", "b", "c"):
+            driver.register(name)
+        driver.load("a")
+        driver.load("b")
+        inputs = {"input": np.zeros((1, 4), np.float32)}
+        running_id = driver.send(lambda i: Infer(i, "a", 1, inputs, 0, NEVER_NS))
+        assert backend.inferring.wait(5)
+        waiting_id = driver.send(lambda i: Infer(i, "a", 1, inputs, 1, NEVER_NS))
+        unload_id = driver.send(lambda i: Unload(i, "b"))
+        load_id = driver.send(lambda i: Load(i, "c", 0, NEVER_NS))
+        assert not driver.replies.arrived(load_id, timeout_s=0.05)
+        backend.release.set()
+        results = [_result(driver.replies.wait(i)) for i in (running_id, unload_id, waiting_id)]
+        assert all(r.ok for r in results), results
+        _, unloaded, waited = results
+        assert unloaded.end_ns <= waited.start_ns  # the UNLOAD went ahead of the INFER
+        loaded = _result(driver.replies.wait(load_id))
+        assert loaded.ok and loaded.end_ns >= unloaded.end_ns
+        for name in ("a", "c"):
+            driver.unload(name)
+    finally:
+        backend.release.set()
+        driver.host.close()
+
+
+def test_a_load_without_pending_unloads_is_refused_at_once(driver: Driver) -> None:
+    for name in ("a", "b", "c"):
+        driver.register(name)
+    driver.load("a")
+    driver.load("b")
+    assert _result(driver.unload("ghost")).code == ErrorCode.UNKNOWN_MODEL
+    started_s = time.monotonic()
+    refused = _result(driver.load("c"))
+    assert refused.code == ErrorCode.NO_PAGES
+    assert time.monotonic() - started_s < UNLOAD_WAIT_S  # it did not wait for nothing
+    for name in ("a", "b"):
+        driver.unload(name)
 
 
 class FlakyBackend(SimulatedBackend):
