@@ -405,29 +405,27 @@ class ExecutorHost:
         return self._success(action.action_id, start_ns, durations_ns)
 
     def _take_pages(self, name: str) -> tuple[ModelEntry, RegisteredModel, list[PageRun]]:
-        """Move ``name`` to LOADING holding fresh pages. Raises Refused (UNKNOWN_MODEL,
-        ALREADY_LOADED, NO_PAGES)."""
+        """Move ``name`` to LOADING holding fresh pages, waiting while pending UNLOADs may free
+        them. Raises Refused (UNKNOWN_MODEL, ALREADY_LOADED, NO_PAGES)."""
+        deadline_s = time.monotonic() + UNLOAD_WAIT_S
         with self._lock:
-            entry = self._entry(name)
-            if entry.state is not _S.REGISTERED or entry.registered is None:
-                raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
-            runs = self._allocate_waiting(name, entry.registered.run_pages)
+            while True:  # the model is looked at again after each wait
+                entry = self._entry(name)
+                registered = entry.registered
+                if entry.state is not _S.REGISTERED or registered is None:
+                    raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
+                try:
+                    runs = self._pages.allocate(registered.run_pages)
+                    break
+                except NoPages as error:
+                    left_s = deadline_s - time.monotonic()
+                    if not self._unloading or self._closed or left_s <= 0:
+                        message = f"model {name!r} {error.message}"
+                        raise Refused(ErrorCode.NO_PAGES, message) from None
+                self._pages_freed.wait(left_s)
             entry.runs = tuple(runs)
             entry.move(_S.LOADING)
-            return entry, entry.registered, runs
-
-    def _allocate_waiting(self, name: str, run_pages: tuple[int, ...]) -> list[PageRun]:
-        """Holding the lock: pages for ``name``, waiting while pending UNLOADs may free them.
-        Raises Refused(NO_PAGES)."""
-        deadline = time.monotonic() + UNLOAD_WAIT_S
-        while True:
-            try:
-                return self._pages.allocate(run_pages)
-            except NoPages as error:
-                left_s = deadline - time.monotonic()
-                if not self._unloading or self._closed or left_s <= 0:
-                    raise Refused(ErrorCode.NO_PAGES, f"model {name!r} {error.message}") from None
-            self._pages_freed.wait(left_s)
+            return entry, registered, runs
 
     def _infer(self, action: Infer, start_ns: int) -> Message:
         with self._lock:

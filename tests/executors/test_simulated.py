@@ -294,6 +294,27 @@ def test_pages_are_not_reused_while_a_session_can_still_read_them() -> None:
         driver.host.close()
 
 
+def test_a_model_unregistered_while_its_load_waits_is_named_unknown() -> None:
+    backend = SlowReleaseBackend(CountingArena(16 * MIB, 1))
+    driver = Driver(backend, pages_total=1)
+    try:
+        driver.register("old")
+        driver.register("new")
+        driver.load("old")
+        unload_id = driver.send(lambda i: Unload(i, "old"))
+        assert backend.unloading.wait(5)
+        load_id = driver.send(lambda i: Load(i, "new", 0, NEVER_NS))
+        assert not driver.replies.arrived(load_id, timeout_s=0.05)
+        assert _result(driver.call(lambda i: UnregisterModel(i, "new"))).ok
+        backend.release.set()
+        assert _result(driver.replies.wait(unload_id)).ok
+        assert _result(driver.replies.wait(load_id)).code == ErrorCode.UNKNOWN_MODEL
+        assert driver.pages.pages_free == 1
+    finally:
+        backend.release.set()
+        driver.host.close()
+
+
 class HeldInferBackend(SimulatedBackend):
     """Holds every ``infer`` (the execute lane busy) until the test releases it."""
 
