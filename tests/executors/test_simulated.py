@@ -62,8 +62,8 @@ class Replies:
             return self._cond.wait_for(lambda: action_id in self.by_id, timeout_s)
 
     def wait(self, action_id: int, timeout_s: float = 5.0) -> Message:
+        assert self.arrived(action_id, timeout_s)
         with self._cond:
-            assert self._cond.wait_for(lambda: action_id in self.by_id, timeout_s)
             return self.by_id[action_id][0]
 
 
@@ -269,20 +269,27 @@ class SlowReleaseBackend(SimulatedBackend):
         assert self.release.wait(5)
 
 
+def _load_behind_a_held_unload(driver: Driver, backend: SlowReleaseBackend) -> tuple[int, int]:
+    """On one page: load "old", send its UNLOAD (held in the backend), then a LOAD of "new",
+    which must wait for the old page rather than be answered. Returns (unload, load) ids."""
+    driver.register("old")
+    driver.register("new")
+    driver.load("old")
+    unload_id = driver.send(lambda i: Unload(i, "old"))
+    assert backend.unloading.wait(5)
+    assert driver.host.model_state("old") is ModelState.UNLOADING
+    load_id = driver.send(lambda i: Load(i, "new", 0, NEVER_NS))
+    assert not driver.replies.arrived(load_id, timeout_s=0.05)
+    return unload_id, load_id
+
+
 def test_pages_are_not_reused_while_a_session_can_still_read_them() -> None:
     backend = SlowReleaseBackend(CountingArena(16 * MIB, 1))
     driver = Driver(backend, pages_total=1)
     try:
-        driver.register("old")
-        driver.register("new")
-        driver.load("old")
-        unload_id = driver.send(lambda i: Unload(i, "old"))
-        assert backend.unloading.wait(5)
-        assert driver.host.model_state("old") is ModelState.UNLOADING
-        load_id = driver.send(lambda i: Load(i, "new", 0, NEVER_NS))
         # The LOAD waits for the pages of the UNLOAD ahead of it, not refused and not given
         # pages the old session can still read.
-        assert not driver.replies.arrived(load_id, timeout_s=0.05)
+        unload_id, load_id = _load_behind_a_held_unload(driver, backend)
         assert driver.host.model_state("new") is ModelState.REGISTERED
         backend.release.set()
         unloaded = _result(driver.replies.wait(unload_id))
@@ -298,13 +305,7 @@ def test_a_model_unregistered_while_its_load_waits_is_named_unknown() -> None:
     backend = SlowReleaseBackend(CountingArena(16 * MIB, 1))
     driver = Driver(backend, pages_total=1)
     try:
-        driver.register("old")
-        driver.register("new")
-        driver.load("old")
-        unload_id = driver.send(lambda i: Unload(i, "old"))
-        assert backend.unloading.wait(5)
-        load_id = driver.send(lambda i: Load(i, "new", 0, NEVER_NS))
-        assert not driver.replies.arrived(load_id, timeout_s=0.05)
+        unload_id, load_id = _load_behind_a_held_unload(driver, backend)
         assert _result(driver.call(lambda i: UnregisterModel(i, "new"))).ok
         backend.release.set()
         assert _result(driver.replies.wait(unload_id)).ok
