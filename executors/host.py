@@ -121,9 +121,15 @@ class ExecutorHost:
     """Owns the model registry and page cache; runs actions in lanes; answers each once."""
 
     def __init__(
-        self, backend: Backend, page_cache: PageCache, *, clock: LaneClock | None = None
+        self,
+        backend: Backend,
+        page_cache: PageCache,
+        *,
+        clock: LaneClock | None = None,
+        background_lanes: bool = False,
     ) -> None:
         self.backend = backend
+        self._background_lanes = background_lanes  # lane threads yield to the event loop
         self._pages = page_cache
         self._clock = clock
         self._now_ns: Callable[[], int] = clock.now_ns if clock else time.monotonic_ns
@@ -142,7 +148,8 @@ class ExecutorHost:
         ``call_soon_threadsafe``)."""
         self._post = post
         names = (REGISTER_LANE, *self.backend.lanes)
-        self._lanes = {name: Lane(name, clock=self._clock) for name in names}
+        background = self._background_lanes
+        self._lanes = {name: Lane(name, clock=self._clock, background=background) for name in names}
         for lane in self._lanes.values():
             lane.start()
 

@@ -11,7 +11,9 @@ Invariants:
 - ``close`` lets the running job finish, rejects the queued ones and joins the thread.
 
 The ordering logic is the pure `LaneQueue` (tested exactly on a virtual clock); `Lane` drives
-it in real time through a `LaneClock` (real: sleep, then spin the last ``SPIN_NS``).
+it in real time through a `LaneClock` (real: sleep, then spin the last ``SPIN_NS``). A
+``background`` lane's thread runs ``SCHED_IDLE``, so the event loop preempts its work at once
+(`precise.run_in_background`; the executor asks for it when pinned).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from .precise import SPIN_NS, reduce_timer_slack, spin_until
+from .precise import SPIN_NS, reduce_timer_slack, run_in_background, spin_until
 
 log = logging.getLogger(__name__)
 
@@ -154,11 +156,18 @@ class Lane:
     owns the `LaneQueue`."""
 
     def __init__(
-        self, name: str, *, clock: LaneClock | None = None, spin_ns: int = SPIN_NS
+        self,
+        name: str,
+        *,
+        clock: LaneClock | None = None,
+        spin_ns: int = SPIN_NS,
+        background: bool = False,
     ) -> None:
         self.name = name
         self._clock: LaneClock = clock or MonotonicClock()
         self._spin_ns = spin_ns
+        self._background = background  # the thread runs SCHED_IDLE (precise.py)
+        self._ready = threading.Event()  # the thread has set its timer slack and priority
         self._queue = LaneQueue()  # the lane thread's own
         self._inbox: queue.SimpleQueue[LaneJob] = queue.SimpleQueue()
         self._submitting = threading.Lock()  # a submit never lands behind CLOSE_LANE
@@ -166,7 +175,9 @@ class Lane:
         self._thread = threading.Thread(target=self._serve, name=f"lane-{name}", daemon=True)
 
     def start(self) -> None:
+        """Start the thread; returns once it runs with its timer slack and priority set."""
         self._thread.start()
+        self._ready.wait()
 
     def submit(self, job: LaneJob) -> None:
         """Queue ``job``. Raises LaneClosed once ``close`` was called."""
@@ -188,6 +199,12 @@ class Lane:
 
     def _serve(self) -> None:
         reduce_timer_slack()
+        if self._background:
+            try:
+                run_in_background()
+            except OSError as error:
+                log.warning("lane %s stays at normal priority: %s", self.name, error)
+        self._ready.set()
         while (step := self._next_due()) is not None:
             if isinstance(step, RunJob):
                 _guarded(step.job.run, self._clock.now_ns())

@@ -65,6 +65,7 @@ DEFAULT_ORT_WEIGHTS_BYTES = 256 * MIB  # 16 pages: room for every demo model man
 DEFAULT_CUDA_WEIGHTS_BYTES = 8 << 30  # checked against the device's free memory at start
 DEFAULT_IO_BYTES = 64 * MIB  # cuda: one INFER's inputs and outputs
 DEFAULT_WORKSPACE_BYTES = 1 << 30  # cuda: ONNX Runtime's arena cap, per session
+LANE_SCHEDULING = ("auto", "idle", "normal")
 HELLO_TIMEOUT_S = 10.0
 PARENT_PID_ENV = "CLOCKWORK_EXECUTOR_PARENT_PID"  # set by the daemon's supervisor
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -85,6 +86,7 @@ class ExecutorConfig:
     page_bytes: int
     weights_bytes: int | None  # None: the backend's default
     cpus: tuple[int, ...]  # () leaves the affinity alone
+    lane_scheduling: str  # auto (idle when pinned), idle or normal
     intra_op_threads: int
     seed: int
     noise: float
@@ -200,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--page-bytes", type=parse_bytes, default=DEFAULT_PAGE_BYTES, help="default 16MiB")
     add("--weights-bytes", type=parse_bytes, help="arena size; pages = this // page-bytes")
     add("--cpus", type=parse_cpus, default=(), help="pin the process to these CPUs, e.g. 0,1")
+    lanes_help = "idle: lane threads yield the CPU to the event loop at once (auto: when pinned)"
+    add("--lane-scheduling", choices=LANE_SCHEDULING, default="auto", help=lanes_help)
     add("--intra-op-threads", type=int, default=1, help="onnxruntime threads per session")
     add("--seed", type=int, default=0, help="simulated: seed of the duration noise")
     add("--noise", type=float, default=0.0, help="simulated: relative stddev of durations")
@@ -429,6 +433,14 @@ def _install_signals(
         loop.add_signal_handler(signum, on_signal)
 
 
+def background_lanes(config: ExecutorConfig) -> bool:
+    """Whether lane threads run ``SCHED_IDLE`` (`precise.run_in_background`): asked for, or
+    ``auto`` on a pinned executor (its CPUs are its own, so an idle thread cannot starve)."""
+    if config.lane_scheduling == "auto":
+        return bool(config.cpus)
+    return config.lane_scheduling == "idle"
+
+
 def _pin(cpus: tuple[int, ...]) -> None:
     """Pin every thread of this process (some, like BLAS pools, start at import) and every
     thread started later to ``cpus``. Raises OSError."""
@@ -467,7 +479,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError, BackendError) as error:
         print(f"clockwork-async executor: {error}", file=sys.stderr)
         return 2
-    host = ExecutorHost(backend, PageCache(backend.arena.pages_total))
+    pages = PageCache(backend.arena.pages_total)
+    host = ExecutorHost(backend, pages, background_lanes=background_lanes(config))
     import uvloop
 
     try:

@@ -1,15 +1,25 @@
-"""Precise waiting on the monotonic clock, for lane threads.
+"""Precise waiting on the monotonic clock, and how the kernel schedules lane threads.
 
 Invariant: nothing here returns before its deadline (``time.monotonic_ns()``). A wait sleeps
 until ``SPIN_NS`` before the deadline, then spins: sleeps and timed waits overshoot by tens of
 microseconds here (more under load), and uvloop's timers are millisecond-grained, so neither
 alone can honour a sub-millisecond window. Spinning holds the GIL only for the last stretch.
+
+A lane thread that computes (an ONNX Runtime run holds its CPU for milliseconds) shares the
+executor's CPU with the event loop thread that carries actions in and results out. Linux's fair
+scheduler lets a running thread finish its slice before a woken one runs, so a result or an
+INFER that lands mid-execution waited up to a whole execution (seen: the return hop's p99 at
+the 10 ms ceiling under overload, every tight-SLO request refused). ``run_in_background``
+moves the calling thread to ``SCHED_IDLE``: any normal thread that wakes on that CPU preempts
+it at once. It is meant for a CPU the executor has to itself (pinned), where the only normal
+threads are the executor's own; next to other busy processes an idle thread would starve.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import sys
 import time
 
@@ -51,3 +61,12 @@ def reduce_timer_slack() -> bool:
         return int(libc.prctl(_PR_SET_TIMERSLACK, _TIMER_SLACK_NS, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def run_in_background() -> None:
+    """Move the calling thread to ``SCHED_IDLE`` (unprivileged on Linux). Threads it starts
+    afterwards inherit that. Raises OSError where the kernel has no such policy."""
+    policy = getattr(os, "SCHED_IDLE", None)
+    if policy is None:
+        raise OSError(f"SCHED_IDLE is not available on {sys.platform}")
+    os.sched_setscheduler(0, policy, os.sched_param(0))  # 0: this thread (Linux)

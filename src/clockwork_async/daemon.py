@@ -263,7 +263,7 @@ class Daemon:
             self._affinity_before = None
 
     async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
-        specs = setup.executor_specs(self.config, unpinned_cpus)
+        specs = setup.executor_specs(self.config, unpinned_cpus, self.controller_cpu)
         try:
             if specs:
                 self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))

@@ -47,19 +47,34 @@ def is_simulated(config: DaemonConfig) -> bool:
     return any(e.backend == "simulated" for e in local_executors(config))
 
 
-def executor_specs(config: DaemonConfig, unpinned_cpus: tuple[int, ...] = ()) -> list[ExecutorSpec]:
+def executor_specs(
+    config: DaemonConfig, unpinned_cpus: tuple[int, ...] = (), controller_cpu: int | None = None
+) -> list[ExecutorSpec]:
     """One supervisor spec per local executor; one without ``cpus`` gets ``unpinned_cpus``
     (the CPUs the daemon could use before it pinned itself), so it does not inherit the
-    controller's pin."""
+    controller's pin. Lane threads run idle-class only on CPUs an executor has to itself
+    (`own_cpus`)."""
     shared = ("name", "backend", "page_bytes", "weights_bytes", "intra_op_threads", "slowdown")
     return [
         ExecutorSpec(
             **{key: getattr(e, key) for key in shared},
             device=e.device,
             cpus=e.cpus or unpinned_cpus,
+            lane_scheduling="idle" if own_cpus(config, e, controller_cpu) else "normal",
         )
         for e in local_executors(config)
     ]
+
+
+def own_cpus(
+    config: DaemonConfig, executor: LocalExecutorConfig, controller_cpu: int | None
+) -> bool:
+    """Whether ``executor`` is pinned to CPUs that no other local executor and not the
+    controller (pinned elsewhere: ``controller_cpu``) may run on."""
+    if not executor.cpus or controller_cpu is None or controller_cpu in executor.cpus:
+        return False
+    others = (e for e in local_executors(config) if e is not executor)
+    return not any(not e.cpus or set(e.cpus) & set(executor.cpus) for e in others)
 
 
 def pinned_executor_cpus(config: DaemonConfig) -> set[int]:

@@ -34,6 +34,26 @@ def test_unpinned_executors_keep_the_daemons_cpus_and_the_controller_avoids_pinn
     assert controller_cpu([0, 1], taken={0, 1}) == 0  # every CPU has an executor: the lowest
 
 
+def test_lanes_run_idle_class_only_on_cpus_an_executor_has_to_itself(tmp_path: Path) -> None:
+    executors = (
+        '[{backend = "simulated", cpus = [1]}, {backend = "simulated", cpus = [2, 3]},'
+        ' {backend = "simulated", cpus = [3]}]'
+    )
+    daemon = config(tmp_path, executors)
+    specs = setup.executor_specs(daemon, unpinned_cpus=(0, 1, 2, 3), controller_cpu=0)
+    assert [s.lane_scheduling for s in specs] == ["idle", "normal", "normal"]  # 3 is shared
+    assert "--lane-scheduling" in specs[0].argv("unix:/x") and "idle" in specs[0].argv("unix:/x")
+    on_controller = setup.executor_specs(daemon, (0, 1, 2, 3), controller_cpu=1)
+    assert on_controller[0].lane_scheduling == "normal"  # CPU 1 is the controller's
+    unpinned_controller = setup.executor_specs(daemon, (0, 1, 2, 3), controller_cpu=None)
+    assert {s.lane_scheduling for s in unpinned_controller} == {"normal"}
+    alone = config(tmp_path, '[{backend = "simulated", cpus = [1]}]')
+    assert [s.lane_scheduling for s in setup.executor_specs(alone, (), 0)] == ["idle"]
+    roaming = config(tmp_path, '[{backend = "simulated", cpus = [1]}, {backend = "simulated"}]')
+    specs = setup.executor_specs(roaming, (0, 1, 2, 3), 0)  # the second may run on CPU 1
+    assert [s.lane_scheduling for s in specs] == ["normal", "normal"]
+
+
 def test_simulated_models_run_as_their_profile_and_are_cached_per_profile(tmp_path: Path) -> None:
     daemon = config(tmp_path, '[{backend = "simulated", slowdown = 2.0}]')
     add_tiny(tmp_path / "models", "plain")

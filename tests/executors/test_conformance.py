@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -398,6 +399,35 @@ def test_cpus_pins_the_whole_process(tmp_path: Path) -> None:
         tasks = list(Path(f"/proc/{process.process.pid}/task").iterdir())
         assert len(tasks) > 1  # the lanes at least
         assert {_cpus_allowed_of(task / "status") for task in tasks} == {"0"}
+    finally:
+        assert process.stop() == 0
+
+
+def _policies_of(pid: int) -> list[int]:
+    """The scheduling policy of each thread of ``pid`` (field 41 of /proc/PID/task/TID/stat)."""
+    tasks = Path(f"/proc/{pid}/task").iterdir()
+    return [int((task / "stat").read_text().rsplit(")", 1)[1].split()[38]) for task in tasks]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize(
+    ("flags", "idle_lanes"),
+    [
+        (("--cpus", "0"), True),  # auto: pinned
+        ((), False),  # auto: not pinned
+        (("--cpus", "0", "--lane-scheduling", "normal"), False),
+        (("--lane-scheduling", "idle"), True),
+    ],
+)
+def test_lane_threads_yield_to_the_event_loop_when_pinned(
+    tmp_path: Path, flags: tuple[str, ...], idle_lanes: bool
+) -> None:
+    process = _start_sim(tmp_path, *flags)
+    try:
+        policies = _policies_of(process.process.pid)
+        idle = policies.count(os.SCHED_IDLE)
+        assert policies.count(os.SCHED_OTHER) >= 1  # the event loop's thread
+        assert idle >= 2 if idle_lanes else idle == 0  # the register lane and the backend's
     finally:
         assert process.stop() == 0
 

@@ -5,6 +5,7 @@ Ordering is checked exactly: `LaneQueue` on plain integers, `Lane` on a virtual 
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -243,6 +244,25 @@ def test_real_lane_never_starts_a_job_before_its_earliest() -> None:
         lane.close()
     assert [earliest for earliest, _ in starts] == sorted(earliest for earliest, _ in starts)
     assert all(start >= earliest for earliest, start in starts)
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@pytest.mark.parametrize("background", [True, False])
+def test_a_background_lane_runs_its_jobs_at_idle_priority(background: bool) -> None:
+    seen: queue.SimpleQueue[int] = queue.SimpleQueue()
+    lane = Lane("sched", background=background)
+    lane.start()
+    try:
+        job = LaneJob(0, NEVER_NS, lambda _start: seen.put(os.sched_getscheduler(0)), _noop)
+        lane.submit(job)
+        assert seen.get(timeout=5) == (os.SCHED_IDLE if background else os.SCHED_OTHER)
+    finally:
+        lane.close()
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the test's own thread is untouched
+
+
+def _noop(*_args: object) -> None:
+    pass
 
 
 def test_precise_wait_never_returns_early() -> None:

@@ -50,6 +50,7 @@ class ExecutorSpec:
     backend: str = "onnxruntime"
     device: str = "cpu"  # cpu, sim or cuda:N
     cpus: tuple[int, ...] = ()
+    lane_scheduling: str = "auto"  # the executor's --lane-scheduling: auto, idle or normal
     page_bytes: int = 16 * MIB
     weights_bytes: int | None = None  # None: the backend's default
     intra_op_threads: int = 1
@@ -67,6 +68,8 @@ class ExecutorSpec:
             args += ["--weights-bytes", str(self.weights_bytes)]
         if self.cpus:
             args += ["--cpus", ",".join(str(cpu) for cpu in self.cpus)]
+        if self.lane_scheduling != "auto":
+            args += ["--lane-scheduling", self.lane_scheduling]
         args += ["--intra-op-threads", str(self.intra_op_threads)]
         if self.slowdown != 1.0:
             args += ["--slowdown", repr(self.slowdown)]
