@@ -45,7 +45,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -381,6 +381,14 @@ def answer(command: dict[str, Any]) -> dict[str, Any]:
     raise ValueError(f"unknown command {what!r}")
 
 
+def _reply_channel() -> TextIO:
+    """Keep stdout for our replies alone; whatever else writes to fd 1 (Ray
+    forwards its workers' output to the driver's stdout) lands in the log."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return replies
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ray_app.py", description=__doc__)
     parser.add_argument("--model", type=Path, required=True)
@@ -398,11 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         help="run ONNX Runtime on a thread of its own (default) or on the replica's event loop",
     )
     args = parser.parse_args(argv)
+    replies = _reply_channel()
     os.environ.update(RAY_ENVIRONMENT)
     reply = {"ready": start(args)}
     quiet_ray_logs()
     renice_own_threads(LOAD_NICE)
-    print(json.dumps(reply), flush=True)
+    print(json.dumps(reply), file=replies, flush=True)
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -413,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             reply = answer(command)
         except Exception as error:  # reported to the caller, who decides
             reply = {"error": f"{type(error).__name__}: {error}"}
-        print(json.dumps(reply, default=str), flush=True)
+        print(json.dumps(reply, default=str), file=replies, flush=True)
     from ray import serve
 
     serve.shutdown()

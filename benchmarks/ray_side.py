@@ -211,7 +211,10 @@ class RayApp:
             raise RayNotRun(f"no answer from ray_app in {timeout_s:g} s") from None
         if not line:
             raise RayNotRun(f"ray_app exited ({self.process.poll()}); see its log")
-        reply: dict[str, Any] = json.loads(line)
+        try:
+            reply: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            raise RayNotRun(f"ray_app wrote {line[:200]!r}, not a reply") from None
         if "error" in reply:
             raise RayNotRun(f"ray_app: {reply['error']}")
         return reply
