@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import partial
 from typing import TypeVar
@@ -230,7 +230,9 @@ class ExecutorHost:
 
     def submit(self, action: ExecutorAction, reply: Reply) -> None:
         """Take one action; ``reply`` is called exactly once, on the loop thread (at once for
-        GetState and for actions refused on arrival)."""
+        GetState and for actions refused on arrival), with ``received_ns`` set in an
+        ActionResult."""
+        reply = partial(_stamped, reply, self._now_ns())
         try:
             self._dispatch(action, reply)
         except Refused as refused:
@@ -494,3 +496,10 @@ def _model_info(action_id: int, model: RegisteredModel) -> ModelInfo:
 
 def _call_now(callback: Callable[[], None]) -> None:
     callback()
+
+
+def _stamped(reply: Reply, received_ns: int, answer: Message) -> None:
+    """Call ``reply`` with ``answer``, an ActionResult telling when its action was read."""
+    if isinstance(answer, ActionResult):
+        answer = replace(answer, received_ns=received_ns)
+    reply(answer)

@@ -9,7 +9,17 @@ batch: the largest b with 2 * exec(b) <= the internal SLO.
 
 from __future__ import annotations
 
-from clockwork_async.core.events import ExecutorLeft, Reply, StartInfer, StartLoad, StartUnload
+import pytest
+
+from clockwork_async.core.errors import InvalidEvent
+from clockwork_async.core.events import (
+    ExecutorLead,
+    ExecutorLeft,
+    Reply,
+    StartInfer,
+    StartLoad,
+    StartUnload,
+)
 from clockwork_async.core.outcomes import Outcome
 
 from .harness import MS, US, Harness, only
@@ -245,3 +255,25 @@ def test_a_cold_start_goes_where_pages_are_free_rather_than_evicting() -> None:
     (load,) = only(commands, StartLoad)
     assert (load.executor_id, load.model) == ("e2", "c")
     assert h.ctl.executor("e1").loaded == ("a", "b")
+
+
+def test_an_idle_lane_is_planned_the_way_there_ahead() -> None:
+    h = loaded_harness("a")
+    assert not h.at(0, ExecutorLead("e1", 400 * US))
+    # SLO 3.2 ms (internal 3.0): b1 from now would end at 2.73, from 0.4 ms at 3.13: refused
+    # at arrival rather than sent to miss its latest start on the way there.
+    (reply,) = only(h.request(1, "a", 3_200 * US), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE
+    (infer,) = only(h.request(2, "a", 100 * MS), StartInfer)
+    assert (infer.earliest_ns, infer.planned_start_ns) == (0, 400 * US)  # may start on arrival
+    # Behind committed work the lead costs nothing: the next batch starts where that ends.
+    (after,) = only(h.request(3, "a", 100 * MS, at_ns=200 * US), StartInfer)
+    assert after.planned_start_ns == 400 * US + B1
+
+
+def test_a_lead_for_an_executor_that_left_is_ignored_and_a_negative_one_is_invalid() -> None:
+    h = loaded_harness("a")
+    h.at(0, ExecutorLeft("e1", "gone"))
+    assert not h.at(0, ExecutorLead("e1", 400 * US))
+    with pytest.raises(InvalidEvent):
+        h.at(0, ExecutorLead("e1", -1))

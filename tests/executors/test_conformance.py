@@ -227,10 +227,12 @@ async def test_windows_are_honoured(controller: Controller, executor: Running) -
     offset_ns, _ = await controller.ping(samples=5)
     base_ns = time.monotonic_ns() + offset_ns + 20 * MS_NS
     earliest = [base_ns + k * 3 * MS_NS for k in (2, 0, 1)]
+    sent_ns = time.monotonic_ns()  # one host, one monotonic clock: the executor's too
     results = await asyncio.gather(*(controller.send(_infer(info, 1, e)) for e in earliest))
     for earliest_ns, result in zip(earliest, results, strict=True):
         assert isinstance(result, ActionResult) and result.ok, result
         assert result.start_ns >= earliest_ns
+        assert sent_ns <= result.received_ns <= result.start_ns  # read, then run in its window
     assert (await controller.action(lambda i: Unload(i, info.model))).ok
 
 
@@ -256,6 +258,7 @@ async def test_too_late_is_rejected_without_running(
     assert isinstance(ran, ActionResult) and ran.ok and ran.start_ns >= due_ns
     assert isinstance(rejected, ActionResult) and rejected.code == ErrorCode.TOO_LATE
     assert (rejected.start_ns, rejected.durations_ns, rejected.outputs) == (0, {}, {})
+    assert 0 < never_loaded.received_ns <= ran.received_ns <= rejected.received_ns
     assert (await controller.action(lambda i: Unload(i, info.model))).ok
 
 

@@ -288,3 +288,23 @@ async def test_an_ok_judged_in_time_but_delivered_late_is_late_everywhere(
         assert driver.snapshot().outcomes == {"late": 1}  # and so do the counts
     finally:
         await driver.close()
+
+
+async def test_the_measured_way_there_becomes_the_executors_lead_in_the_core(
+    executor: ExecutorProcess,
+) -> None:
+    core = Controller(ControllerConfig())
+    driver = Driver(ControllerConfig(), runtime=quick_runtime(), controller=core)
+    try:
+        await driver.attach_executor("sim", executor.address)
+        await driver.register_model("tiny", "tiny-sim")
+        assert core.executor("sim").lead_ns == 0  # nothing measured yet
+        replies = Collector()
+        for value in range(40):  # one INFER each: 16 results refresh the estimate
+            driver.submit("tiny", sim_row(value), deadline_ns=deadline_in(SLO_MS), on_reply=replies)
+            await replies.wait_for(value + 1)
+        assert replies.counts() == {Outcome.OK: 40}
+        lead_ns = core.executor("sim").lead_ns
+        assert 0 < lead_ns < SLO_MS * MS_NS  # sent -> read by the executor, over a socket
+    finally:
+        await driver.close()

@@ -6,7 +6,7 @@ import numpy as np
 
 from clockwork_async.core.events import Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.hop import ReturnHop, judge
+from clockwork_async.runtime.hop import HopEstimate, judge
 from clockwork_async.runtime.requests import (
     ActionRecord,
     InferOutcome,
@@ -139,7 +139,7 @@ def test_answers_are_judged_by_their_delivery_against_the_true_deadline() -> Non
 
 
 def test_the_return_hop_estimate_is_a_padded_clamped_percentile() -> None:
-    hop = ReturnHop(window=100, percentile=99.0, slack=0.1, initial_ns=500_000, refresh_every=1)
+    hop = HopEstimate(window=100, percentile=99.0, slack=0.1, initial_ns=500_000, refresh_every=1)
     assert hop.estimate_ns == 500_000
     for _ in range(99):
         hop.add(200_000, 0)
@@ -154,7 +154,7 @@ def test_the_return_hop_estimate_is_a_padded_clamped_percentile() -> None:
 
 
 def test_a_stale_return_hop_tail_is_forgotten_once_per_stale_period() -> None:
-    hop = ReturnHop(window=100, slack=0.0, refresh_every=1, stale_ns=1_000)
+    hop = HopEstimate(window=100, slack=0.0, refresh_every=1, stale_ns=1_000)
     for i in range(100):
         hop.add(200_000 if i % 2 else 8_000_000, now_ns=10)  # a burst left half the window slow
     assert hop.estimate_ns == 8_000_000

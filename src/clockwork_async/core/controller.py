@@ -25,6 +25,7 @@ from .events import (
     Command,
     Event,
     ExecutorJoined,
+    ExecutorLead,
     ExecutorLeft,
     ModelRegistered,
     ModelUnregistered,
@@ -35,6 +36,7 @@ from .events import (
 )
 from .membership import (
     on_executor_joined,
+    on_executor_lead,
     on_executor_left,
     on_model_registered,
     on_model_unregistered,
@@ -60,6 +62,7 @@ class Controller:
             ActionFinished: lambda e: on_action_finished(core, e),
             ExecutorJoined: lambda e: on_executor_joined(core, e),
             ExecutorLeft: lambda e: on_executor_left(core, e),
+            ExecutorLead: lambda e: on_executor_lead(core, e),
             ModelRegistered: lambda e: on_model_registered(core, e),
             ModelUnregistered: lambda e: on_model_unregistered(core, e),
             Tick: self._on_tick,

@@ -59,6 +59,16 @@ class ExecutorLeft:
 
 
 @dataclass(frozen=True, slots=True)
+class ExecutorLead:
+    """The runtime's estimate of the way there changed: an action sent to this executor now
+    can start there no earlier than ``lead_ns`` from now (the send, the socket, the executor's
+    read). The core plans every new action on its lanes that far ahead at least."""
+
+    executor_id: ExecutorId
+    lead_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRegistered:
     spec: ModelSpec
 
@@ -111,6 +121,7 @@ class Shutdown:
 Event = (
     ExecutorJoined
     | ExecutorLeft
+    | ExecutorLead
     | ModelRegistered
     | ModelUnregistered
     | RequestArrived

@@ -11,7 +11,13 @@ is unloaded as soon as no INFER of it is outstanding.
 from __future__ import annotations
 
 from .errors import InvalidEvent
-from .events import ExecutorJoined, ExecutorLeft, ModelRegistered, ModelUnregistered
+from .events import (
+    ExecutorJoined,
+    ExecutorLead,
+    ExecutorLeft,
+    ModelRegistered,
+    ModelUnregistered,
+)
 from .eviction import forget_if_gone, send_unload
 from .ledger import release, unbook
 from .models import ModelState, validate_spec
@@ -51,6 +57,16 @@ def _adopt_resident(core: CoreState, executor: ExecutorState, name: str) -> None
     executor.pages_used += pages
     model.loaded_on[executor.executor_id] = None
     core.push_head(executor, model)
+
+
+def on_executor_lead(core: CoreState, event: ExecutorLead) -> None:
+    """Plan new actions on the executor's lanes ``lead_ns`` ahead at least; the work already
+    committed keeps its plan. An unknown executor (it left meanwhile) is ignored."""
+    if event.lead_ns < 0:
+        raise InvalidEvent(f"lead_ns must be >= 0, not {event.lead_ns}")
+    executor = core.executors.get(event.executor_id)
+    if executor is not None:
+        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
 
 
 def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:

@@ -27,6 +27,7 @@ class ExecutorStats:
     reserved_pages: int  # pages held for them (included in pages_used)
     utilisation: float  # execute lane busy fraction, decayed average
     resyncs: int  # times the core found it behind its predictions
+    lead_ns: int  # the way there: new actions are planned at least this far ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,4 +87,5 @@ def executor_stats(core: CoreState, executor_id: str) -> ExecutorStats:
         reserved_pages=sum(model.reserved_pages for model in executor.reserved.values()),
         utilisation=executor.utilisation(core.now_ns, core.config.utilisation_window_ns),
         resyncs=executor.exec_lane.resyncs + executor.load_lane.resyncs,
+        lead_ns=executor.exec_lane.lead_ns,
     )

@@ -69,12 +69,13 @@ class Action:
 class Lane:
     """One lane of an executor (execute or load): strictly one action at a time."""
 
-    __slots__ = ("base_ns", "end_ns", "outstanding", "resyncs")
+    __slots__ = ("base_ns", "end_ns", "lead_ns", "outstanding", "resyncs")
 
     def __init__(self) -> None:
         self.outstanding: deque[Action] = deque()
         self.base_ns = 0  # measured end of the last finished action
         self.end_ns = 0  # predicted end of all committed work
+        self.lead_ns = 0  # an action sent now starts no earlier than this from now
         self.resyncs = 0
 
     def free_at(self, now_ns: int) -> int:
@@ -85,9 +86,10 @@ class Lane:
         return self.end_ns
 
     def start_for(self, now_ns: int) -> int:
-        """Return the earliest start for a new action: ``max(now, free_at)``."""
+        """Return the earliest start for a new action: ``max(now + lead, free_at)``."""
         free_ns = self.free_at(now_ns)
-        return free_ns if free_ns > now_ns else now_ns
+        ready_ns = now_ns + self.lead_ns
+        return free_ns if free_ns > ready_ns else ready_ns
 
     def commit(self, action: Action, start_ns: int) -> None:
         """Append ``action``, planned to start at ``start_ns`` (``start_for(now)``, no earlier

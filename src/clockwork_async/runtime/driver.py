@@ -11,7 +11,7 @@ Invariants:
   book before its callback runs, and every answer (core Reply, rejection at submit, drain,
   close) goes through `_deliver`.
 - No answer says ``ok`` once its deadline has passed: the core plans by each deadline moved
-  earlier by the measured way back from the executors (`hop.ReturnHop`), and `_deliver` judges
+  earlier by the measured way back from the executors (`hop.HopEstimate`), and `_deliver` judges
   every answer by the true deadline when it is delivered (`hop.judge`) before it is counted,
   passed to listeners or the caller, so snapshot counts, metrics and replies agree.
 - Events reach the core one at a time, in order (`dispatch.CoreRunner`); arrivals of one
@@ -204,6 +204,7 @@ class Driver:
         for action in self._book.actions_of(record.executor_id):
             self._book.finish_action(action.action_id)
             self._model_action_done(action.model)
+        self._actions.way_there.pop(record.executor_id, None)  # a re-join measures afresh
         self._feed(ExecutorLeft(record.executor_id, reason))
         _call_all(self.executor_listeners, record.executor_id, False, reason)
 
@@ -304,9 +305,8 @@ class Driver:
             else:
                 self._start()
                 self._book.add_request(request)
-                hop = self._actions.return_hop
-                hop.relieve(now_ns)  # nothing measured for a while: forget a stale tail
-                core_deadline_ns = deadline_ns - hop.estimate_ns
+                self._actions.relieve(now_ns)  # nothing measured for a while: forget tails
+                core_deadline_ns = deadline_ns - self._actions.return_hop.estimate_ns
                 self._runner.feed_arrival(RequestArrived(request_id, model, core_deadline_ns))
         return request_id
 

@@ -192,7 +192,9 @@ class ActionResult:
     ``load`` for LOAD; ``copy_in``, ``execute``, ``copy_out`` for INFER; ``unload`` for UNLOAD
     (GPU executors add the same phases timed by CUDA events, ``load_gpu``, ``execute_gpu``...).
     ``device_clock_mhz`` is the device's SM clock after a successful action, so durations can
-    be normalised by clock; 0 where unknown (CPU and simulated executors).
+    be normalised by clock; 0 where unknown (CPU and simulated executors). ``received_ns`` is
+    when the executor read the action (its clock; 0 where unknown): the controller measures the
+    way there from it.
     """
 
     TAG: ClassVar[str] = "action_result"
@@ -205,6 +207,7 @@ class ActionResult:
     outputs: Mapping[str, np.ndarray] = field(default_factory=dict)
     pages_free: int = 0
     device_clock_mhz: int = 0
+    received_ns: int = 0
 
     @property
     def ok(self) -> bool:
