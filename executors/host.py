@@ -53,7 +53,7 @@ from clockwork_async.wire.messages import (
 )
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
-from .lanes import NEVER_NS, Lane, LaneClock, LaneClosed, LaneJob, Rejection
+from .lanes import NEVER_NS, Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
 from .pages import NoPages, PageCache
 from .validation import Refused, validate_inputs, validate_window
 
@@ -127,9 +127,11 @@ class ExecutorHost:
         *,
         clock: LaneClock | None = None,
         background_lanes: bool = False,
+        keep_warm_ns: int = 0,
     ) -> None:
         self.backend = backend
         self._background_lanes = background_lanes  # lane threads yield to the event loop
+        self._keep_warm_ns = keep_warm_ns  # the execute lane polls this long before it sleeps
         self._pages = page_cache
         self._clock = clock
         self._now_ns: Callable[[], int] = clock.now_ns if clock else time.monotonic_ns
@@ -149,9 +151,17 @@ class ExecutorHost:
         self._post = post
         names = (REGISTER_LANE, *self.backend.lanes)
         background = self._background_lanes
-        self._lanes = {name: Lane(name, clock=self._clock, background=background) for name in names}
+        self._lanes = {
+            name: Lane(name, clock=self._lane_clock(name), background=background) for name in names
+        }
         for lane in self._lanes.values():
             lane.start()
+
+    def _lane_clock(self, name: str) -> LaneClock | None:
+        """The injected clock, or for the execute lane a WarmClock when keeping warm."""
+        if name == EXECUTE_LANE and self._keep_warm_ns and self._clock is None:
+            return WarmClock(self._keep_warm_ns)
+        return self._clock
 
     def close(self) -> None:
         """Close the lanes (the running actions finish; the queued ones answer INTERNAL),

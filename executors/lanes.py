@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from .precise import SPIN_NS, reduce_timer_slack, run_in_background, spin_until
+from .precise import SPIN_NS, reduce_timer_slack, run_in_background, spin_until, yield_while
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,25 @@ class MonotonicClock:
 
     def spin_until(self, deadline_ns: int) -> None:
         spin_until(deadline_ns)
+
+
+class WarmClock(MonotonicClock):
+    """The real clock, keeping its CPU awake while idle: a wait for the inbox first polls it
+    for up to ``warm_ns``, yielding the CPU on every turn (``os.sched_yield``, which also lets
+    the GIL go), and only then blocks. A CPU that idles goes to sleep, and waking it delayed
+    every action sent after an idle gap (docs/runtime.md: 0.47 against 0.24 ms p50 from send
+    to start at 10 ms gaps); any runnable thread on the CPU still gets it at once. Meant for a
+    CPU the executor has to itself: the poll shows as 100% busy."""
+
+    def __init__(self, warm_ns: int) -> None:
+        self._warm_ns = warm_ns
+
+    def take(self, inbox: queue.SimpleQueue[LaneJob], timeout_ns: int | None) -> LaneJob | None:
+        spin_ns = self._warm_ns if timeout_ns is None else min(self._warm_ns, timeout_ns)
+        if not yield_while(inbox.empty, spin_ns):
+            return inbox.get_nowait()
+        rest_ns = None if timeout_ns is None else timeout_ns - spin_ns
+        return super().take(inbox, rest_ns)
 
 
 class Lane:

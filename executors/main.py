@@ -66,6 +66,7 @@ DEFAULT_CUDA_WEIGHTS_BYTES = 8 << 30  # checked against the device's free memory
 DEFAULT_IO_BYTES = 64 * MIB  # cuda: one INFER's inputs and outputs
 DEFAULT_WORKSPACE_BYTES = 1 << 30  # cuda: ONNX Runtime's arena cap, per session
 LANE_SCHEDULING = ("auto", "idle", "normal")
+KEEP_WARM_MAX_MS = 60_000.0
 HELLO_TIMEOUT_S = 10.0
 PARENT_PID_ENV = "CLOCKWORK_EXECUTOR_PARENT_PID"  # set by the daemon's supervisor
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -87,6 +88,7 @@ class ExecutorConfig:
     weights_bytes: int | None  # None: the backend's default
     cpus: tuple[int, ...]  # () leaves the affinity alone
     lane_scheduling: str  # auto (idle when pinned), idle or normal
+    keep_warm_ms: float  # the execute lane polls this long after each action before it sleeps
     intra_op_threads: int
     seed: int
     noise: float
@@ -183,6 +185,17 @@ def parse_cpus(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
+def parse_keep_warm_ms(text: str) -> float:
+    """``"20"`` -> 20.0, in [0, KEEP_WARM_MAX_MS]. Raises argparse.ArgumentTypeError."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= KEEP_WARM_MAX_MS:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"not milliseconds in 0..{KEEP_WARM_MAX_MS:g}: {text!r}")
+    return value
+
+
 def default_listen(name: str) -> str:
     """``unix:$XDG_RUNTIME_DIR/clockwork-async/executor-NAME.sock`` (``/tmp`` without it)."""
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR") or "/tmp"
@@ -204,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--cpus", type=parse_cpus, default=(), help="pin the process to these CPUs, e.g. 0,1")
     lanes_help = "idle: lane threads yield the CPU to the event loop at once (auto: when pinned)"
     add("--lane-scheduling", choices=LANE_SCHEDULING, default="auto", help=lanes_help)
+    warm_help = "keep the CPU awake this long after each action, yielding it to any thread (0: off)"
+    add("--keep-warm-ms", type=parse_keep_warm_ms, default=0.0, help=warm_help)
     add("--intra-op-threads", type=int, default=1, help="onnxruntime threads per session")
     add("--seed", type=int, default=0, help="simulated: seed of the duration noise")
     add("--noise", type=float, default=0.0, help="simulated: relative stddev of durations")
@@ -480,7 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"clockwork-async executor: {error}", file=sys.stderr)
         return 2
     pages = PageCache(backend.arena.pages_total)
-    host = ExecutorHost(backend, pages, background_lanes=background_lanes(config))
+    host = ExecutorHost(
+        backend,
+        pages,
+        background_lanes=background_lanes(config),
+        keep_warm_ns=int(config.keep_warm_ms * 1e6),
+    )
     import uvloop
 
     try:

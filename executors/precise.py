@@ -22,6 +22,7 @@ import ctypes.util
 import os
 import sys
 import time
+from collections.abc import Callable
 
 SPIN_NS = 200_000  # spin the last 200 us of every wait
 _PR_SET_TIMERSLACK = 29
@@ -33,6 +34,18 @@ def spin_until(deadline_ns: int) -> None:
     now_ns = time.monotonic_ns
     while now_ns() < deadline_ns:
         pass
+
+
+def yield_while(waiting: Callable[[], bool], duration_ns: int) -> bool:
+    """Give the CPU away turn by turn (``os.sched_yield``, without the GIL) while
+    ``waiting()`` holds, for at most ``duration_ns``; returns whether it still holds."""
+    now_ns = time.monotonic_ns
+    until_ns = now_ns() + duration_ns
+    while waiting():
+        if now_ns() >= until_ns:
+            return True
+        os.sched_yield()
+    return False
 
 
 def precise_wait_until(deadline_ns: int, *, spin_ns: int = SPIN_NS) -> None:

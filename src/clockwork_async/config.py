@@ -131,6 +131,7 @@ class LocalExecutorConfig:
     weights_bytes: int = ranged(GiB, 4096, 1 << 44)
     intra_op_threads: int = ranged(1, 1, 256)
     slowdown: float = ranged(1.0, 0.01, 1000.0)
+    keep_warm_ms: float = ranged(0.0, 0.0, 60_000.0)
 
 
 @dataclass(frozen=True, slots=True)

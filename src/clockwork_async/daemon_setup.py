@@ -54,7 +54,15 @@ def executor_specs(
     (the CPUs the daemon could use before it pinned itself), so it does not inherit the
     controller's pin. Lane threads run idle-class only on CPUs an executor has to itself
     (`own_cpus`)."""
-    shared = ("name", "backend", "page_bytes", "weights_bytes", "intra_op_threads", "slowdown")
+    shared = (
+        "name",
+        "backend",
+        "page_bytes",
+        "weights_bytes",
+        "intra_op_threads",
+        "slowdown",
+        "keep_warm_ms",
+    )
     return [
         ExecutorSpec(
             **{key: getattr(e, key) for key in shared},

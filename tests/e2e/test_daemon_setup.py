@@ -54,6 +54,13 @@ def test_lanes_run_idle_class_only_on_cpus_an_executor_has_to_itself(tmp_path: P
     assert [s.lane_scheduling for s in specs] == ["normal", "normal"]
 
 
+def test_keep_warm_reaches_the_executors_command_line_only_when_set(tmp_path: Path) -> None:
+    daemon = config(tmp_path, '[{backend = "simulated", keep_warm_ms = 20.0}, {}]')
+    warm, cold = (spec.argv("unix:/x") for spec in setup.executor_specs(daemon, (), None))
+    assert warm[warm.index("--keep-warm-ms") + 1] == "20.0"
+    assert "--keep-warm-ms" not in cold
+
+
 def test_simulated_models_run_as_their_profile_and_are_cached_per_profile(tmp_path: Path) -> None:
     daemon = config(tmp_path, '[{backend = "simulated", slowdown = 2.0}]')
     add_tiny(tmp_path / "models", "plain")

@@ -442,6 +442,8 @@ def test_lane_threads_yield_to_the_event_loop_when_pinned(
         (("--cpus", "x"), "not a CPU list"),
         (("--weights-bytes", "lots"), "not a size"),
         (("--backend", "tpu"), "invalid choice"),
+        (("--keep-warm-ms", "-1"), "not milliseconds"),
+        (("--keep-warm-ms", "nan"), "not milliseconds"),
     ],
 )
 def test_bad_flags_exit_2_with_a_sentence(flags: tuple[str, ...], expected: str) -> None:

@@ -21,8 +21,9 @@ from clockwork_async.executors.lanes import (
     RejectJob,
     RunJob,
     WaitUntil,
+    WarmClock,
 )
-from clockwork_async.executors.precise import precise_wait_ns, precise_wait_until
+from clockwork_async.executors.precise import precise_wait_ns, precise_wait_until, yield_while
 
 
 def _noop_job(earliest_ns: int, latest_ns: int = NEVER_NS) -> LaneJob:
@@ -270,3 +271,44 @@ def test_precise_wait_never_returns_early() -> None:
     precise_wait_until(deadline_ns)
     assert time.monotonic_ns() >= deadline_ns
     assert precise_wait_ns(300_000) >= 300_000
+
+
+def test_yield_while_returns_whether_it_still_waits() -> None:
+    assert yield_while(lambda: True, 1_000_000) is True  # ran out of time
+    flags = iter([True, True, False])
+    assert yield_while(lambda: next(flags), 10**9) is False  # the wait ended first
+
+
+def _put_later(inbox: queue.SimpleQueue[LaneJob], job: LaneJob, delay_s: float) -> threading.Timer:
+    timer = threading.Timer(delay_s, inbox.put, (job,))
+    timer.start()
+    return timer
+
+
+def test_a_warm_take_gets_a_job_that_comes_while_it_polls_or_after_it_sleeps() -> None:
+    inbox: queue.SimpleQueue[LaneJob] = queue.SimpleQueue()
+    job = _noop_job(0)
+    polling = WarmClock(warm_ns=5 * 10**9)
+    timer = _put_later(inbox, job, 0.02)
+    assert polling.take(inbox, None) is job  # came during the poll
+    timer.join()
+    sleeping = WarmClock(warm_ns=1_000_000)
+    timer = _put_later(inbox, job, 0.05)
+    assert sleeping.take(inbox, None) is job  # came after the poll, to the blocking wait
+    timer.join()
+    assert sleeping.take(inbox, 2_000_000) is None  # nothing within the timeout
+    assert polling.take(inbox, 2_000_000) is None  # a timeout shorter than the poll bounds it
+
+
+def test_a_warm_lane_runs_its_jobs_in_order() -> None:
+    starts: queue.SimpleQueue[int] = queue.SimpleQueue()
+    lane = Lane("warm", clock=WarmClock(warm_ns=50_000_000))
+    lane.start()
+    try:
+        now_ns = time.monotonic_ns()
+        for offset_ns in (2_000_000, 1_000_000):
+            lane.submit(LaneJob(now_ns + offset_ns, NEVER_NS, starts.put, _noop))
+        first, second = starts.get(timeout=5), starts.get(timeout=5)
+        assert now_ns + 1_000_000 <= first < second
+    finally:
+        lane.close()

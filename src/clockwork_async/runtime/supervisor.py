@@ -55,6 +55,7 @@ class ExecutorSpec:
     weights_bytes: int | None = None  # None: the backend's default
     intra_op_threads: int = 1
     slowdown: float = 1.0
+    keep_warm_ms: float = 0.0  # the executor's --keep-warm-ms (0: off)
     token: str = ""
     extra_args: tuple[str, ...] = ()  # e.g. ("--profile-file", PATH, "--noise", "0.01")
 
@@ -73,6 +74,8 @@ class ExecutorSpec:
         args += ["--intra-op-threads", str(self.intra_op_threads)]
         if self.slowdown != 1.0:
             args += ["--slowdown", repr(self.slowdown)]
+        if self.keep_warm_ms:
+            args += ["--keep-warm-ms", repr(self.keep_warm_ms)]
         return [*args, *self.extra_args]
 
 
