@@ -277,3 +277,26 @@ def test_a_lead_for_an_executor_that_left_is_ignored_and_a_negative_one_is_inval
     assert not h.at(0, ExecutorLead("e1", 400 * US))
     with pytest.raises(InvalidEvent):
         h.at(0, ExecutorLead("e1", -1))
+
+
+def test_a_cold_start_teaches_the_executor_and_plans_the_next_idle_start_later() -> None:
+    h = loaded_harness("a", warm_gap_ns=MS, schedule_ahead_ns=10 * MS)
+    (first,) = only(h.request(1, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    assert first.planned_start_ns == 10 * MS  # nothing learned yet
+    h.finish(first, end_ns=10 * MS + B1 + 800 * US)  # after 10 ms idle: 0.8 ms slow
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1  # the back-to-back prediction stands
+    assert h.ctl.executor("e1").cold_extra_ns == 800 * US
+    (cold,) = only(h.request(2, "a", 100 * MS, at_ns=30 * MS), StartInfer)
+    (warm,) = only(h.request(3, "a", 100 * MS), StartInfer)  # behind it: back to back
+    assert (cold.planned_start_ns, warm.planned_start_ns) == (30_800 * US, 30_800 * US + B1)
+    h.finish(cold, end_ns=30 * MS + B1 + 800 * US)
+    h.finish(warm, end_ns=30 * MS + 2 * B1 + 900 * US)  # started at the cold one's end
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1 + 100 * US  # warm: the model learns
+
+
+def test_without_a_warm_gap_every_execution_corrects_the_model() -> None:
+    h = loaded_harness("a")
+    (first,) = only(h.request(1, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    h.finish(first, end_ns=10 * MS + B1 + 800 * US)
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1 + 800 * US
+    assert h.ctl.executor("e1").cold_extra_ns == 0

@@ -38,10 +38,7 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
     if isinstance(verdict, tuple):
         core.reject(event.request_id, verdict[0], verdict[1])
         if verdict[0] is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
-            config = core.config
-            core.predictions.relax(
-                model.name, core.now_ns, config.prediction_stale_ns, config.outlier_factor
-            )
+            _relax(core, model)
         return
     internal_ns, key_ns = core.policy.plan_keys(core, model, event.deadline_ns)
     request = RequestState(
@@ -51,6 +48,16 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
     if verdict is not None:
         book(core, request, verdict)
     core.enqueue(request)
+
+
+def _relax(core: CoreState, model: ModelState) -> None:
+    """Let stale predictions of ``model`` (and the executors' cold starts) forget an outlier."""
+    config = core.config
+    now_ns, stale_ns, factor = core.now_ns, config.prediction_stale_ns, config.outlier_factor
+    core.predictions.relax(model.name, now_ns, stale_ns, factor)
+    if config.warm_gap_ns:
+        for executor in core.executors.values():
+            executor.exec_lane.relax_cold_extra(now_ns, stale_ns, factor)
 
 
 def on_request_cancelled(core: CoreState, event: RequestCancelled) -> None:

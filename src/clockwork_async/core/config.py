@@ -29,6 +29,10 @@ class ControllerConfig:
     # largest sample when that is over outlier_factor x the window's median (docs/controller.md).
     prediction_stale_ns: int = 1_000 * MS_NS
     outlier_factor: float = 2.0
+    # Cold starts: an INFER that follows more than this much idle time on its execute lane
+    # teaches the executor how much longer than its back-to-back prediction it ran, and new
+    # INFERs on an idle lane are planned that much later; 0: off (one window for both).
+    warm_gap_ns: int = 0
     # Keep each execute lane filled only this far into the future.
     schedule_ahead_ns: int = 3 * MS_NS
     # Safety margin between predicted completion and deadline: clamp(fraction * SLO, min, max).
@@ -57,6 +61,7 @@ class ControllerConfig:
         _positive(self, "load_window_ns", "utilisation_window_ns")
         _positive(self, "max_queued_total", "max_queued_per_model")
         _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")
+        _non_negative(self, "warm_gap_ns")
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError(f"percentile must be in (0, 100], not {self.percentile}")
         if not 0.0 <= self.margin_fraction < 1.0:

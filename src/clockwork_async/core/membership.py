@@ -25,7 +25,7 @@ from .outcomes import Outcome
 from .queues import RequestStatus
 from .results import replan_or_end
 from .state import CoreState
-from .tracker import ActionKind, ExecutorState
+from .tracker import ActionKind, ExecutorState, Lane
 
 
 def on_executor_joined(core: CoreState, event: ExecutorJoined) -> None:
@@ -37,6 +37,8 @@ def on_executor_joined(core: CoreState, event: ExecutorJoined) -> None:
     executor = ExecutorState(
         event.executor_id, event.kind, event.pages_total, event.page_bytes, core.now_ns
     )
+    config = core.config
+    executor.exec_lane = Lane(config.warm_gap_ns, config.window_size, config.percentile)
     core.executors[event.executor_id] = executor
     core.kinds[event.kind] = core.kinds.get(event.kind, 0) + 1
     core.free_load_slots += core.config.max_loads_in_flight

@@ -169,8 +169,14 @@ class Predictions:
     ) -> int:
         """Record a measured execute duration; return its prediction error."""
         error_ns = self.get(spec, kind).record_execute(batch_size, measured_ns, now_ns)
-        self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
+        self.note_execute_error(spec, kind, batch_size, error_ns)
         return error_ns
+
+    def note_execute_error(
+        self, spec: ModelSpec, kind: str, batch_size: int, error_ns: int
+    ) -> None:
+        """Count an execute prediction error learned elsewhere (a cold start's, tracker.py)."""
+        self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
 
     def record_load(self, spec: ModelSpec, kind: str, measured_ns: int, now_ns: int = 0) -> int:
         """Record a measured LOAD duration; return its prediction error."""

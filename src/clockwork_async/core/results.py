@@ -51,13 +51,13 @@ def _infer_finished(
     core: CoreState, executor: ExecutorState, action: Action, event: ActionFinished
 ) -> None:
     model = action.model
-    executor.exec_lane.finish(action, event.end_ns or core.now_ns)
+    lane = executor.exec_lane
+    cold = lane.is_cold_start(event.start_ns)  # before finish moves base_ns past this one
+    lane.finish(action, event.end_ns or core.now_ns)
     executor.remove_infer(model.name)
     if not event.code:
         if event.duration_ns > 0:
-            core.predictions.record_execute(
-                model.spec, executor.kind, action.batch_size, event.duration_ns, core.now_ns
-            )
+            _learn_execute(core, executor, action, event.duration_ns, cold)
         _answer_batch(core, action, event)
     else:
         _infer_failed(core, executor, action, event.code)
@@ -66,6 +66,21 @@ def _infer_finished(
     core.to_fill[executor.executor_id] = executor
     if core.cold or core.reserving or core.demand:
         core.placement_dirty = True  # the model may be evictable now
+
+
+def _learn_execute(
+    core: CoreState, executor: ExecutorState, action: Action, measured_ns: int, cold: bool
+) -> None:
+    """A back-to-back execution corrects the model's prediction; a cold start (after an idle
+    gap, tracker.py) corrects the executor's cold extra instead."""
+    spec, kind, batch_size = action.model.spec, executor.kind, action.batch_size
+    if not cold:
+        core.predictions.record_execute(spec, kind, batch_size, measured_ns, core.now_ns)
+        return
+    lane = executor.exec_lane
+    extra_ns = measured_ns - action.predicted_ns
+    core.predictions.note_execute_error(spec, kind, batch_size, extra_ns - lane.cold_extra_ns)
+    lane.learn_cold_extra(extra_ns, core.now_ns)
 
 
 def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> None:

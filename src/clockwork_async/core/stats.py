@@ -28,6 +28,7 @@ class ExecutorStats:
     utilisation: float  # execute lane busy fraction, decayed average
     resyncs: int  # times the core found it behind its predictions
     lead_ns: int  # the way there: new actions are planned at least this far ahead
+    cold_extra_ns: int  # how much later an INFER after an idle gap is planned (warm_gap_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,4 +89,5 @@ def executor_stats(core: CoreState, executor_id: str) -> ExecutorStats:
         utilisation=executor.utilisation(core.now_ns, core.config.utilisation_window_ns),
         resyncs=executor.exec_lane.resyncs + executor.load_lane.resyncs,
         lead_ns=executor.exec_lane.lead_ns,
+        cold_extra_ns=executor.exec_lane.cold_extra_ns,
     )

@@ -19,6 +19,7 @@ from collections import OrderedDict, deque
 from enum import Enum
 
 from .models import ModelState, RequestState
+from .profiles import SlidingWindow
 
 
 class ActionKind(Enum):
@@ -69,14 +70,28 @@ class Action:
 class Lane:
     """One lane of an executor (execute or load): strictly one action at a time."""
 
-    __slots__ = ("base_ns", "end_ns", "lead_ns", "outstanding", "resyncs")
+    __slots__ = (
+        "base_ns",
+        "cold_extra",
+        "cold_extra_ns",
+        "end_ns",
+        "lead_ns",
+        "outstanding",
+        "resyncs",
+        "warm_gap_ns",
+    )
 
-    def __init__(self) -> None:
+    def __init__(self, warm_gap_ns: int = 0, size: int = 1, percentile: float = 100.0) -> None:
         self.outstanding: deque[Action] = deque()
         self.base_ns = 0  # measured end of the last finished action
         self.end_ns = 0  # predicted end of all committed work
         self.lead_ns = 0  # an action sent now starts no earlier than this from now
         self.resyncs = 0
+        # Cold starts (warm_gap_ns > 0): an action that follows more than warm_gap_ns of idle
+        # time takes longer than its (back-to-back) prediction by about cold_extra_ns.
+        self.warm_gap_ns = warm_gap_ns
+        self.cold_extra = SlidingWindow(size, percentile, 0) if warm_gap_ns else None
+        self.cold_extra_ns = 0
 
     def free_at(self, now_ns: int) -> int:
         """Return when the lane is predicted to be free (may be before ``now_ns`` when idle)."""
@@ -86,10 +101,31 @@ class Lane:
         return self.end_ns
 
     def start_for(self, now_ns: int) -> int:
-        """Return the earliest start for a new action: ``max(now + lead, free_at)``."""
+        """Return the earliest start for a new action: ``max(now + lead, free_at)``; after an
+        idle gap over ``warm_gap_ns``, ``cold_extra_ns`` later (it ends that much later)."""
         free_ns = self.free_at(now_ns)
         ready_ns = now_ns + self.lead_ns
-        return free_ns if free_ns > ready_ns else ready_ns
+        if free_ns >= ready_ns:
+            return free_ns
+        if ready_ns - free_ns > self.warm_gap_ns:
+            ready_ns += self.cold_extra_ns
+        return ready_ns
+
+    def is_cold_start(self, start_ns: int) -> bool:
+        """Return True when an action that started at ``start_ns`` (measured) followed more
+        than ``warm_gap_ns`` of idle time; always False with cold starts off."""
+        return self.cold_extra is not None and start_ns - self.base_ns > self.warm_gap_ns
+
+    def learn_cold_extra(self, extra_ns: int, now_ns: int) -> None:
+        """Add one cold start's measured minus predicted duration (``is_cold_start`` held)."""
+        if self.cold_extra is not None:
+            self.cold_extra.add(max(0, extra_ns), now_ns)
+            self.cold_extra_ns = self.cold_extra.value_ns
+
+    def relax_cold_extra(self, now_ns: int, stale_ns: int, factor: float) -> None:
+        """Let a stale cold-start window forget an outlier (profiles.py "Recovery")."""
+        if self.cold_extra is not None and self.cold_extra.forget_outlier(now_ns, stale_ns, factor):
+            self.cold_extra_ns = self.cold_extra.value_ns
 
     def commit(self, action: Action, start_ns: int) -> None:
         """Append ``action``, planned to start at ``start_ns`` (``start_for(now)``, no earlier
