@@ -50,6 +50,7 @@ run scale benchmarks.scale $mode
 run peer_ray benchmarks.peer_ray $mode
 run codec benchmarks.codec $mode --json results/codec.json
 run executor benchmarks.executor $mode --json results/executor.json
+run idle_gap benchmarks.idle_gap $mode
 run sim_scenarios benchmarks.sim_scenarios $mode --out results
 if [[ -f benchmarks/controller.py ]]; then
     run controller benchmarks.controller $mode

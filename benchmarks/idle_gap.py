@@ -1,0 +1,405 @@
+"""Execution after an idle gap: how much slower an INFER runs when its CPU executor idled
+before it, how many executions it takes to recover, and which lost state it is not.
+
+    python -m benchmarks.idle_gap [--quick] [--models resnet-like,mlp] [--json OUT]
+
+Why: on CPU executors the time of a batch depends on how long the lane idled before it
+(docs/benchmarks-peer.md), which the paper's GPU executors do not show. It is what keeps tight
+SLOs (2x-3x b1) and the light-load latency of docs/benchmarks-peer.md from their goals.
+
+1. The real executor (ONNX Runtime, pinned to the last CPU, one intra-op thread: as the daemon
+   runs it; this client on the other CPUs). Bursts of ``burst`` batch-1 INFERs, sent together,
+   the first one's window opening ``gap`` after the previous burst ended: the execute duration
+   the executor reports, by position in the burst (1st = after the gap, 2nd = after one
+   execution, ...), for gaps of 0.3 to 30 ms; once with the lane sleeping between actions
+   (the default) and once with ``--keep-warm-ms`` over the longest gap (the lane polls, the
+   CPU never idles). Back to back (a full queue) is the reference. Gaps run round-robin, so a
+   drift of the machine spreads over all of them.
+2. In this process, pinned to the same CPU, the same backend and model: before each
+   execution nothing (back to back), sleep 10 ms, spin 10 ms (the CPU stays busy, its caches
+   untouched), sleep 10 ms then read every weight byte (the weights back in the caches), or
+   write 64 MiB (every cache evicted, and no idle time). Which of them
+   runs as slow as after a sleep says what the gap loses.
+
+Writes ``results/idle_gap[-quick].json`` and ``.png`` (execute p50 vs gap by position; part
+2 per condition), prints both tables. A benchmark for a quiet machine: the effect is the
+machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import RESULTS, machine_description, nearest_rank, table, write_report
+from benchmarks.executor import Plan as ExecutorPlan
+from benchmarks.executor import back_to_back_ns, pipelined
+from clockwork_async.demo import NEVER_NS, ExecutorSession, infer_action, spawn_executor
+from clockwork_async.wire.messages import ActionResult, Load, ModelInfo
+
+MS_NS = 1_000_000
+WRITE_BYTES = 64 << 20
+PAGE_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    bursts: int  # per gap and executor setting
+    back_to_back: int
+    in_process: int  # executions per part-2 condition
+    burst: int = 4
+    gaps_ms: tuple[float, ...] = (0.3, 1.0, 3.0, 10.0, 30.0)
+    rounds: int = 5  # the gaps run round-robin, bursts // rounds each per round
+    in_process_gap_ms: float = 10.0
+
+
+QUICK = Plan(bursts=30, back_to_back=200, in_process=60)
+FULL = Plan(bursts=200, back_to_back=2000, in_process=300)
+SETTINGS = ("sleeps", "keep-warm")  # the execute lane between actions
+
+
+def percentiles_ms(values_ns: Sequence[int]) -> dict[str, float]:
+    """n and p50/p90/p99 (nearest rank) in ms."""
+    ordered = sorted(values_ns)
+    row: dict[str, float] = {"n": len(ordered)}
+    for percent in (50, 90, 99):
+        row[f"p{percent}_ms"] = round(nearest_rank(ordered, percent) / MS_NS, 4)
+    return row
+
+
+# --- part 1: the real executor ------------------------------------------------------------------
+
+
+async def burst_ns(
+    session: ExecutorSession, model: ModelInfo, count: int, gap_ns: int, after_ns: int
+) -> tuple[list[int], int]:
+    """``count`` INFERs sent together, the first window opening ``gap_ns`` after
+    ``after_ns`` (executor clock); returns their execute durations in order and the last end."""
+    earliest_ns = max(after_ns + gap_ns, session.executor_now_ns() + MS_NS // 2)
+    futures = [
+        session.send(infer_action(model, 1, earliest_ns, NEVER_NS, seed)) for seed in range(count)
+    ]
+    results = [await future for future in futures]
+    durations, end_ns = [], after_ns
+    for result in results:
+        if not isinstance(result, ActionResult) or not result.ok:
+            raise RuntimeError(f"INFER failed: {result!r}")
+        durations.append(result.durations_ns["execute"])
+        end_ns = max(end_ns, result.end_ns)
+    return durations, end_ns
+
+
+async def gap_sweep(
+    session: ExecutorSession, model: ModelInfo, plan: Plan
+) -> dict[float, list[list[int]]]:
+    """Per gap (ms) the bursts' durations (one list per burst), gaps round-robin."""
+    found: dict[float, list[list[int]]] = {gap: [] for gap in plan.gaps_ms}
+    after_ns = session.executor_now_ns()
+    per_round = max(1, plan.bursts // plan.rounds)
+    for _ in range(plan.rounds):
+        for gap_ms in plan.gaps_ms:
+            for _ in range(per_round):
+                durations, after_ns = await burst_ns(
+                    session, model, plan.burst, round(gap_ms * MS_NS), after_ns
+                )
+                found[gap_ms].append(durations)
+    return found
+
+
+async def executor_part(
+    name: str, path: Path, plan: Plan, cpu: int, setting: str
+) -> list[dict[str, Any]]:
+    """Rows of one executor process (pinned to ``cpu``) for model ``name``."""
+    keep_warm_ms = 2 * max(plan.gaps_ms)
+    with tempfile.TemporaryDirectory(prefix="clockwork-idle-gap-") as folder:
+        args = ["--backend", "onnxruntime", "--listen", f"unix:{folder}/executor.sock"]
+        args += ["--weights-bytes", "256MiB", "--cpus", str(cpu)]
+        if setting == "keep-warm":
+            args += ["--keep-warm-ms", f"{keep_warm_ms:g}"]
+        executor = await spawn_executor(args)
+        try:
+            session = await ExecutorSession.open(executor.address)
+            await session.sync_clock()
+            info = await session.register(name, str(path))
+            await session.action(lambda i: Load(i, name, 0, NEVER_NS))
+            reference = await back_to_back_ns(
+                session, info, 1, ExecutorPlan((1,), plan.back_to_back, 0, 0, warmup=20)
+            )
+            await pipelined(session, lambda: infer_action(info, 1, 0, NEVER_NS), 20)
+            sweep = await gap_sweep(session, info, plan)
+            await session.close()
+        finally:
+            status = await executor.stop()
+    if status != 0:
+        raise RuntimeError(f"the executor exited {status}")
+    base: dict[str, Any] = {"part": "executor", "model": name, "setting": setting}
+    rows = [base | {"gap_ms": 0.0, "position": 0} | percentiles_ms(reference)]
+    for gap_ms, bursts in sweep.items():
+        for position in range(plan.burst):
+            values = [burst[position] for burst in bursts]
+            rows.append(
+                base | {"gap_ms": gap_ms, "position": position + 1} | percentiles_ms(values)
+            )
+    return rows
+
+
+# --- part 2: in this process ---------------------------------------------------------------------
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def in_process_part(name: str, path: Path, plan: Plan, cpu: int) -> list[dict[str, Any]]:
+    """Rows per condition for model ``name``, this process pinned to ``cpu`` meanwhile."""
+    from executors.arena import NumpyArena
+    from executors.backend import PageRun
+    from executors.onnxruntime import OnnxRuntimeBackend, example_feeds
+
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {cpu})
+    arena = NumpyArena(PAGE_BYTES, 16)
+    backend = OnnxRuntimeBackend(arena)
+    try:
+        model = backend.register(name, str(path), [1])
+        runs, first = [], 0
+        for count in model.run_pages:
+            runs.append(PageRun(first, count))
+            first += count
+        loaded, _ = backend.load(model, runs)
+        weights = [arena.view(run).view(np.uint64) for run in runs]
+        feeds = example_feeds(model.inputs, 1)
+        scratch = np.zeros(WRITE_BYTES, dtype=np.uint8)
+        touch_ns: list[int] = []
+        gap_s = plan.in_process_gap_ms / 1e3
+
+        def sleep_then_read() -> None:
+            time.sleep(gap_s)
+            start_ns = time.perf_counter_ns()
+            for view in weights:
+                view.sum()
+            touch_ns.append(time.perf_counter_ns() - start_ns)
+
+        conditions: dict[str, Callable[[], Any]] = {
+            "back to back": lambda: None,
+            f"sleep {plan.in_process_gap_ms:g} ms": lambda: time.sleep(gap_s),
+            f"spin {plan.in_process_gap_ms:g} ms": lambda: _spin(gap_s),
+            f"sleep {plan.in_process_gap_ms:g} ms, read the weights": sleep_then_read,
+            f"write {WRITE_BYTES >> 20} MiB": lambda: scratch.fill(1),
+        }
+        found: dict[str, list[int]] = {label: [] for label in conditions}
+        for _ in range(20):
+            backend.infer(loaded, 1, feeds)
+        per_round = max(1, plan.in_process // plan.rounds)
+        for _ in range(plan.rounds):
+            for label, before in conditions.items():
+                for _ in range(per_round):
+                    before()
+                    found[label].append(backend.infer(loaded, 1, feeds)[1]["execute"])
+        backend.unload(loaded)
+    finally:
+        backend.close()
+        arena.close()
+        os.sched_setaffinity(0, affinity)
+    rows = []
+    for label, values in found.items():
+        row: dict[str, Any] = {"part": "in process", "model": name, "condition": label}
+        row |= percentiles_ms(values)
+        if "read the weights" in label:
+            row["read_weights_p50_ms"] = percentiles_ms(touch_ns)["p50_ms"]
+        rows.append(row)
+    return rows
+
+
+# --- the run, the report ------------------------------------------------------------------------
+
+
+def run(plan: Plan, models: Sequence[str]) -> dict[str, Any]:
+    from clockwork_async.demo_models import default_directory, generate_demo_models
+
+    paths = generate_demo_models(default_directory(), names=list(models))
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[-1]
+    if len(cpus) > 1:  # this client stays off the executor's CPU
+        os.sched_setaffinity(0, [c for c in cpus if c != cpu])
+    started_s = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    for name in models:
+        for setting in SETTINGS:
+            print(f"  {name}: the executor, lane {setting}", file=sys.stderr, flush=True)
+            rows += asyncio.run(executor_part(name, paths[name], plan, cpu, setting))
+        print(f"  {name}: in process", file=sys.stderr, flush=True)
+        rows += in_process_part(name, paths[name], plan, cpu)
+    return {
+        "machine": machine_description(),
+        "plan": asdict(plan),
+        "executor_cpu": cpu,
+        "duration_s": round(time.monotonic() - started_s, 1),
+        "rows": rows,
+    }
+
+
+def _reference(rows: list[dict[str, Any]], model: str, setting: str) -> float:
+    for row in rows:
+        if (row["part"], row["model"], row.get("setting"), row.get("position")) == (
+            "executor",
+            model,
+            setting,
+            0,
+        ):
+            return float(row["p50_ms"])
+    return float("nan")
+
+
+def _ms(row: dict[str, Any]) -> tuple[float, float, float]:
+    return row["p50_ms"], row["p90_ms"], row["p99_ms"]
+
+
+def executor_table(result: dict[str, Any]) -> str:
+    """One line per model, lane setting and gap: the p50 of each position in the burst, the
+    p99 of the first, and the first's p50 over the full queue's."""
+    rows = [r for r in result["rows"] if r["part"] == "executor"]
+    burst = max(r["position"] for r in rows)
+    lines: list[tuple[Any, ...]] = []
+    for model, setting in dict.fromkeys((r["model"], r["setting"]) for r in rows):
+        ours = [r for r in rows if (r["model"], r["setting"]) == (model, setting)]
+        full = next(r for r in ours if r["position"] == 0)
+        blanks = ("",) * (burst - 1)
+        lines.append((model, setting, "full queue", full["n"], full["p50_ms"], *blanks))
+        lines[-1] += (full["p99_ms"], 1.0)
+        for gap_ms in dict.fromkeys(r["gap_ms"] for r in ours if r["position"]):
+            by_position = sorted((r for r in ours if r["gap_ms"] == gap_ms), key=_position)
+            first = by_position[0]
+            ratio = round(first["p50_ms"] / full["p50_ms"], 2)
+            p50s = tuple(r["p50_ms"] for r in by_position)
+            gap = f"{gap_ms:g} ms"
+            lines.append((model, setting, gap, first["n"], *p50s, first["p99_ms"], ratio))
+    headers = ("model", "lane", "gap", "n", *(f"p50 #{i + 1} ms" for i in range(burst)))
+    headers += ("p99 #1 ms", "#1 / full")
+    return table(headers, lines)
+
+
+def _position(row: dict[str, Any]) -> int:
+    return int(row["position"])
+
+
+def in_process_table(result: dict[str, Any]) -> str:
+    rows = [r for r in result["rows"] if r["part"] == "in process"]
+    lines = []
+    for row in rows:
+        base = next(r["p50_ms"] for r in rows if r["model"] == row["model"])
+        ratio = round(row["p50_ms"] / base, 2)
+        read_ms = row.get("read_weights_p50_ms")
+        lines.append((row["model"], row["condition"], row["n"], *_ms(row), ratio, read_ms))
+    headers = ("model", "before each", "n", "p50 ms", "p90 ms", "p99 ms", "p50 / b2b", "read ms")
+    return table(headers, lines)
+
+
+def print_report(result: dict[str, Any]) -> None:
+    machine = result["machine"]
+    print(
+        f"\nmachine: {machine.get('cpu_model')}, {machine.get('cpus')} CPUs; executor on CPU "
+        f"{result['executor_cpu']}; {result['duration_s']} s"
+    )
+    print("\n1. the executor: batch-1 execute duration by gap and position in the burst")
+    print(executor_table(result))
+    print("\n2. in process: batch-1 execute duration after each condition")
+    print(in_process_table(result))
+
+
+def write_plot(result: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+        return None
+    models = list(dict.fromkeys(r["model"] for r in result["rows"]))
+    fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8), squeeze=False)
+    for column, model in enumerate(models):
+        _gap_axes(axes[0][column], result["rows"], model)
+        _condition_axes(axes[1][column], result["rows"], model)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _gap_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
+    ours = [r for r in rows if r["part"] == "executor" and r["model"] == model]
+    positions = sorted({r["position"] for r in ours if r["position"]})
+    for setting, style in zip(SETTINGS, ("-", "--"), strict=True):
+        for position in positions:
+            points = [r for r in ours if r["setting"] == setting and r["position"] == position]
+            ax.plot(
+                [r["gap_ms"] for r in points],
+                [r["p50_ms"] for r in points],
+                style,
+                color=f"C{position - 1}",
+                marker="o",
+                label=f"lane {setting}, execution {position} after the gap",
+            )
+        ax.axhline(_reference(ours, model, setting), linestyle=":", color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("idle gap before the burst (ms); dotted: a full queue")
+    ax.set_ylabel("execute p50 (ms)")
+    ax.set_title(f"{model} b1 in the executor")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
+
+
+def _condition_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
+    ours = [r for r in rows if r["part"] == "in process" and r["model"] == model]
+    labels = [r["condition"] for r in ours]
+    ax.barh(labels, [r["p50_ms"] for r in ours], label="p50")
+    ax.barh(
+        labels,
+        [r["p90_ms"] - r["p50_ms"] for r in ours],
+        left=[r["p50_ms"] for r in ours],
+        alpha=0.4,
+        label="to p90",
+    )
+    ax.invert_yaxis()
+    ax.set_xlabel("execute (ms)")
+    ax.set_title(f"{model} b1 in process, before each execution:")
+    ax.legend(fontsize=7)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_gap", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--quick", action="store_true", help="few samples (about a minute)")
+    parser.add_argument("--models", default="resnet-like,mlp", help="demo models, comma-separated")
+    parser.add_argument("--json", type=Path, help="write the result here")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    plan = QUICK if args.quick else FULL
+    result = run(plan, [name for name in args.models.split(",") if name])
+    print_report(result)
+    stem = "idle_gap-quick" if args.quick else "idle_gap"
+    path = write_report(stem, result) if args.json is None else _write(args.json, result)
+    plot = write_plot(result, path.with_suffix(".png"))
+    print(f"\nwrote {path}" + (f" and {plot}" if plot else ""))
+    return 0
+
+
+def _write(path: Path, result: dict[str, Any]) -> Path:
+    return write_report(path.stem, result, path.parent or RESULTS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
