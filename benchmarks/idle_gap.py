@@ -11,15 +11,16 @@ SLOs (2x-3x b1) and the light-load latency of docs/benchmarks-peer.md from their
    runs it; this client on the other CPUs). Bursts of ``burst`` batch-1 INFERs, sent together,
    the first one's window opening ``gap`` after the previous burst ended: the execute duration
    the executor reports, by position in the burst (1st = after the gap, 2nd = after one
-   execution, ...), for gaps of 0.3 to 30 ms; once with the lane sleeping between actions
-   (the default) and once with ``--keep-warm-ms`` over the longest gap (the lane polls, the
-   CPU never idles). Back to back (a full queue) is the reference. Gaps run round-robin, so a
-   drift of the machine spreads over all of them.
+   execution, ...), for gaps of 0.3 to 30 ms (and the idle time measured before each
+   burst); with the lane sleeping between actions (the default) and with ``--keep-warm-ms``
+   over the longest gap (the lane polls, the CPU never idles), in executor processes that
+   alternate between the two. Back to back (a full queue) is the reference. Gaps run
+   round-robin, so a drift of the machine spreads over all of them.
 2. In this process, pinned to the same CPU, the same backend and model: before each
    execution nothing (back to back), sleep 10 ms, spin 10 ms (the CPU stays busy, its caches
    untouched), sleep 10 ms then read every weight byte (the weights back in the caches), or
-   write 64 MiB (every cache evicted, and no idle time). Which of them
-   runs as slow as after a sleep says what the gap loses.
+   write 64 MiB (every cache evicted, and no idle time). Which of them runs as slow as after
+   a sleep says what the gap loses.
 
 Writes ``results/idle_gap[-quick].json`` and ``.png`` (execute p50 vs gap by position; part
 2 per condition), prints both tables. A benchmark for a quiet machine: the effect is the
@@ -49,6 +50,7 @@ from clockwork_async.wire.messages import ActionResult, Load, ModelInfo
 
 MS_NS = 1_000_000
 WRITE_BYTES = 64 << 20
+SEND_AHEAD_NS = 250_000  # a burst is sent at least this long before its window opens
 PAGE_BYTES = 16 << 20
 
 
@@ -59,12 +61,13 @@ class Plan:
     in_process: int  # executions per part-2 condition
     burst: int = 4
     gaps_ms: tuple[float, ...] = (0.3, 1.0, 3.0, 10.0, 30.0)
-    rounds: int = 5  # the gaps run round-robin, bursts // rounds each per round
+    rounds: int = 5  # per executor process, the gaps run round-robin this many times
+    repeats: int = 2  # executor processes per lane setting, the settings alternating
     in_process_gap_ms: float = 10.0
 
 
 QUICK = Plan(bursts=30, back_to_back=200, in_process=60)
-FULL = Plan(bursts=200, back_to_back=2000, in_process=300)
+FULL = Plan(bursts=320, back_to_back=2000, in_process=300, repeats=4)
 SETTINGS = ("sleeps", "keep-warm")  # the execute lane between actions
 
 
@@ -82,10 +85,11 @@ def percentiles_ms(values_ns: Sequence[int]) -> dict[str, float]:
 
 async def burst_ns(
     session: ExecutorSession, model: ModelInfo, count: int, gap_ns: int, after_ns: int
-) -> tuple[list[int], int]:
+) -> tuple[list[int], int, int]:
     """``count`` INFERs sent together, the first window opening ``gap_ns`` after
-    ``after_ns`` (executor clock); returns their execute durations in order and the last end."""
-    earliest_ns = max(after_ns + gap_ns, session.executor_now_ns() + MS_NS // 2)
+    ``after_ns`` (executor clock), or as soon as they can get there; returns their execute
+    durations in order, the last end and the idle time measured before the first."""
+    earliest_ns = max(after_ns + gap_ns, session.executor_now_ns() + SEND_AHEAD_NS)
     futures = [
         session.send(infer_action(model, 1, earliest_ns, NEVER_NS, seed)) for seed in range(count)
     ]
@@ -96,30 +100,36 @@ async def burst_ns(
             raise RuntimeError(f"INFER failed: {result!r}")
         durations.append(result.durations_ns["execute"])
         end_ns = max(end_ns, result.end_ns)
-    return durations, end_ns
+    first = results[0]
+    idle_ns = first.start_ns - after_ns if isinstance(first, ActionResult) else 0
+    return durations, end_ns, idle_ns
 
 
 async def gap_sweep(
     session: ExecutorSession, model: ModelInfo, plan: Plan
 ) -> dict[float, list[list[int]]]:
-    """Per gap (ms) the bursts' durations (one list per burst), gaps round-robin."""
+    """Per gap (ms) the bursts of one executor process: the idle time measured before each,
+    then its durations; gaps round-robin."""
     found: dict[float, list[list[int]]] = {gap: [] for gap in plan.gaps_ms}
     after_ns = session.executor_now_ns()
-    per_round = max(1, plan.bursts // plan.rounds)
+    per_round = max(1, plan.bursts // plan.repeats // plan.rounds)
     for _ in range(plan.rounds):
         for gap_ms in plan.gaps_ms:
             for _ in range(per_round):
-                durations, after_ns = await burst_ns(
+                durations, end_ns, idle_ns = await burst_ns(
                     session, model, plan.burst, round(gap_ms * MS_NS), after_ns
                 )
-                found[gap_ms].append(durations)
+                found[gap_ms].append([idle_ns, *durations])
+                after_ns = end_ns
     return found
 
 
-async def executor_part(
-    name: str, path: Path, plan: Plan, cpu: int, setting: str
-) -> list[dict[str, Any]]:
-    """Rows of one executor process (pinned to ``cpu``) for model ``name``."""
+Samples = tuple[list[int], dict[float, list[list[int]]]]  # full queue; bursts by gap
+
+
+async def executor_samples(name: str, path: Path, plan: Plan, cpu: int, setting: str) -> Samples:
+    """One executor process (pinned to ``cpu``, lane ``setting``) through model ``name``:
+    its share (1 / ``repeats``) of the full-queue and the burst samples."""
     keep_warm_ms = 2 * max(plan.gaps_ms)
     with tempfile.TemporaryDirectory(prefix="clockwork-idle-gap-") as folder:
         args = ["--backend", "onnxruntime", "--listen", f"unix:{folder}/executor.sock"]
@@ -132,9 +142,8 @@ async def executor_part(
             await session.sync_clock()
             info = await session.register(name, str(path))
             await session.action(lambda i: Load(i, name, 0, NEVER_NS))
-            reference = await back_to_back_ns(
-                session, info, 1, ExecutorPlan((1,), plan.back_to_back, 0, 0, warmup=20)
-            )
+            share = ExecutorPlan((1,), plan.back_to_back // plan.repeats, 0, 0, warmup=20)
+            reference = await back_to_back_ns(session, info, 1, share)
             await pipelined(session, lambda: infer_action(info, 1, 0, NEVER_NS), 20)
             sweep = await gap_sweep(session, info, plan)
             await session.close()
@@ -142,14 +151,40 @@ async def executor_part(
             status = await executor.stop()
     if status != 0:
         raise RuntimeError(f"the executor exited {status}")
+    return reference, sweep
+
+
+def executor_part(name: str, path: Path, plan: Plan, cpu: int) -> list[dict[str, Any]]:
+    """Rows for model ``name``: ``repeats`` executor processes per lane setting, the settings
+    alternating (so a drift of the machine spreads over both)."""
+    merged: dict[str, Samples] = {s: ([], {gap: [] for gap in plan.gaps_ms}) for s in SETTINGS}
+    for repeat in range(plan.repeats):
+        for setting in SETTINGS:
+            print(
+                f"  {name}: the executor, lane {setting} ({repeat + 1}/{plan.repeats})",
+                file=sys.stderr,
+                flush=True,
+            )
+            reference, sweep = asyncio.run(executor_samples(name, path, plan, cpu, setting))
+            merged[setting][0].extend(reference)
+            for gap_ms, bursts in sweep.items():
+                merged[setting][1][gap_ms].extend(bursts)
+    rows = []
+    for setting, samples in merged.items():
+        rows += executor_rows(name, setting, samples, plan)
+    return rows
+
+
+def executor_rows(name: str, setting: str, samples: Samples, plan: Plan) -> list[dict[str, Any]]:
+    reference, sweep = samples
     base: dict[str, Any] = {"part": "executor", "model": name, "setting": setting}
     rows = [base | {"gap_ms": 0.0, "position": 0} | percentiles_ms(reference)]
     for gap_ms, bursts in sweep.items():
-        for position in range(plan.burst):
+        idle_p50_ms = percentiles_ms([burst[0] for burst in bursts])["p50_ms"]
+        for position in range(1, plan.burst + 1):
             values = [burst[position] for burst in bursts]
-            rows.append(
-                base | {"gap_ms": gap_ms, "position": position + 1} | percentiles_ms(values)
-            )
+            where = {"gap_ms": gap_ms, "idle_p50_ms": idle_p50_ms, "position": position}
+            rows.append(base | where | percentiles_ms(values))
     return rows
 
 
@@ -237,9 +272,7 @@ def run(plan: Plan, models: Sequence[str]) -> dict[str, Any]:
     started_s = time.monotonic()
     rows: list[dict[str, Any]] = []
     for name in models:
-        for setting in SETTINGS:
-            print(f"  {name}: the executor, lane {setting}", file=sys.stderr, flush=True)
-            rows += asyncio.run(executor_part(name, paths[name], plan, cpu, setting))
+        rows += executor_part(name, paths[name], plan, cpu)
         print(f"  {name}: in process", file=sys.stderr, flush=True)
         rows += in_process_part(name, paths[name], plan, cpu)
     return {
@@ -268,8 +301,9 @@ def _ms(row: dict[str, Any]) -> tuple[float, float, float]:
 
 
 def executor_table(result: dict[str, Any]) -> str:
-    """One line per model, lane setting and gap: the p50 of each position in the burst, the
-    p99 of the first, and the first's p50 over the full queue's."""
+    """One line per model, lane setting and gap: the idle time measured before the bursts
+    (p50), the p50 of each position in the burst, the p99 of the first, and the first's p50
+    over the full queue's."""
     rows = [r for r in result["rows"] if r["part"] == "executor"]
     burst = max(r["position"] for r in rows)
     lines: list[tuple[Any, ...]] = []
@@ -277,16 +311,17 @@ def executor_table(result: dict[str, Any]) -> str:
         ours = [r for r in rows if (r["model"], r["setting"]) == (model, setting)]
         full = next(r for r in ours if r["position"] == 0)
         blanks = ("",) * (burst - 1)
-        lines.append((model, setting, "full queue", full["n"], full["p50_ms"], *blanks))
+        lines.append((model, setting, "full queue", "", full["n"], full["p50_ms"], *blanks))
         lines[-1] += (full["p99_ms"], 1.0)
         for gap_ms in dict.fromkeys(r["gap_ms"] for r in ours if r["position"]):
             by_position = sorted((r for r in ours if r["gap_ms"] == gap_ms), key=_position)
             first = by_position[0]
             ratio = round(first["p50_ms"] / full["p50_ms"], 2)
             p50s = tuple(r["p50_ms"] for r in by_position)
-            gap = f"{gap_ms:g} ms"
-            lines.append((model, setting, gap, first["n"], *p50s, first["p99_ms"], ratio))
-    headers = ("model", "lane", "gap", "n", *(f"p50 #{i + 1} ms" for i in range(burst)))
+            gap, idle = f"{gap_ms:g} ms", first["idle_p50_ms"]
+            lines.append((model, setting, gap, idle, first["n"], *p50s, first["p99_ms"], ratio))
+    headers: tuple[str, ...] = ("model", "lane", "gap", "idle p50 ms", "n")
+    headers += tuple(f"p50 #{i + 1} ms" for i in range(burst))
     headers += ("p99 #1 ms", "#1 / full")
     return table(headers, lines)
 
@@ -347,7 +382,7 @@ def _gap_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
         for position in positions:
             points = [r for r in ours if r["setting"] == setting and r["position"] == position]
             ax.plot(
-                [r["gap_ms"] for r in points],
+                [r["idle_p50_ms"] for r in points],
                 [r["p50_ms"] for r in points],
                 style,
                 color=f"C{position - 1}",
@@ -356,7 +391,7 @@ def _gap_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
             )
         ax.axhline(_reference(ours, model, setting), linestyle=":", color="grey")
     ax.set_xscale("log")
-    ax.set_xlabel("idle gap before the burst (ms); dotted: a full queue")
+    ax.set_xlabel("idle before the burst, p50 (ms); dotted: full queue")
     ax.set_ylabel("execute p50 (ms)")
     ax.set_title(f"{model} b1 in the executor")
     ax.set_ylim(bottom=0)
