@@ -45,6 +45,7 @@ import numpy as np
 from benchmarks.common import RESULTS, machine_description, nearest_rank, table, write_report
 from benchmarks.executor import Plan as ExecutorPlan
 from benchmarks.executor import back_to_back_ns, pipelined
+from benchmarks.exp_common import pyplot, save
 from clockwork_async.demo import NEVER_NS, ExecutorSession, infer_action, spawn_executor
 from clockwork_async.wire.messages import ActionResult, Load, ModelInfo
 
@@ -355,24 +356,15 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     models = list(dict.fromkeys(r["model"] for r in result["rows"]))
     fig, axes = plt.subplots(2, len(models), figsize=(5.5 * len(models), 8), squeeze=False)
     for column, model in enumerate(models):
         _gap_axes(axes[0][column], result["rows"], model)
         _condition_axes(axes[1][column], result["rows"], model)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path)
 
 
 def _gap_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
@@ -418,7 +410,7 @@ def _condition_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_gap", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--quick", action="store_true", help="few samples (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="few samples (about half a minute)")
     parser.add_argument("--models", default="resnet-like,mlp", help="demo models, comma-separated")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
