@@ -88,13 +88,19 @@ def controller_section(policy: str, extra: Mapping[str, Any] | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
-def start_daemon(folder: Path, models: Mapping[str, ModelFolder], policy: str) -> DaemonProcess:
+def start_daemon(
+    folder: Path,
+    models: Mapping[str, ModelFolder],
+    policy: str,
+    controller: Mapping[str, Any] | None = None,
+) -> DaemonProcess:
     """The daemon on its default executors (one pinned ONNX Runtime executor per CPU after the
-    controller's) serving ``models`` under ``policy``. The repository and the profile cache
-    live in ``folder``: a later daemon on the same folder reuses the profiles."""
+    controller's) serving ``models`` under ``policy`` (and ``controller``'s other keys). The
+    repository and the profile cache live in ``folder``: a later daemon on the same folder
+    reuses the profiles."""
     for name, model in models.items():
         add_model(folder / "models", name, model.onnx, model.toml)
-    config = daemon_config(folder, extra_sections=controller_section(policy))
+    config = daemon_config(folder, extra_sections=controller_section(policy, controller))
     return DaemonProcess.start(folder, config)
 
 

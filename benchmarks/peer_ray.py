@@ -12,6 +12,8 @@ Systems, each under open-loop Poisson load from a separate process:
   (controller on CPU 0, one ONNX Runtime executor pinned to CPU 1, one intra-op thread), one
   daemon per policy on one folder (so all use one registration profile); load from
   ``clockwork-async bench`` pinned to CPU 0 at nice 10 (`cpu_serving.bench`).
+  ``clockwork-warm``: the ``clockwork`` policy with the cold-start options for CPU executors
+  on (``warm_gap_ns`` 2 ms, ``warm_up_infers`` 2; `CONTROLLERS`).
 - ``ray-http``, ``ray-handle``: Ray Serve (`benchmarks.ray_app`, in ``.bench-venv/ray``), one
   replica with one ONNX Runtime session (one intra-op thread) behind ``@serve.batch``, every
   replica thread pinned to CPU 1; Ray's own processes (GCS, raylet, Serve controller, HTTP
@@ -69,7 +71,15 @@ from benchmarks.peer_report import goals, markdown, print_tables, write_plot
 
 CAPACITY_SLO_MS = 100.0
 SATURATION_FACTOR = 1.5
-OURS = ("clockwork", "fifo", "timeout")
+OURS = ("clockwork", "fifo", "timeout", "clockwork-warm")
+# Our systems' [controller] keys: the policy, and for clockwork-warm the options for CPU
+# executors at tight SLOs (docs/controller.md, "Cold starts" and "Warm-ups"), off by default.
+CONTROLLERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clockwork": ("clockwork", {}),
+    "fifo": ("fifo", {}),
+    "timeout": ("timeout", {}),
+    "clockwork-warm": ("clockwork", {"warm_gap_ns": 2_000_000, "warm_up_infers": 2}),
+}
 RAY = ("ray-http", "ray-handle")
 TUNE_RATE_RPS = 150.0
 # (execute, max_batch_size, batch_wait_timeout_s): ray_app's ``configure`` command.
@@ -187,25 +197,29 @@ def our_row(point: Point, system: str, summary: dict[str, Any]) -> dict[str, Any
 
 def run_ours(
     folder: Path,
-    policy: str,
+    system: str,
     plan: Plan,
     model: dict[str, ModelFolder],
     log_copy: Path,
     point_list: list[Point] | None,
 ) -> dict[str, Any]:
-    """One daemon of ``policy`` over ``point_list``. Without points (the first daemon) it
-    measures the capacity first and makes them: they are in the result's ``setup``."""
-    print(f"  {policy}: starting the daemon", file=sys.stderr, flush=True)
+    """One daemon of ``system`` (`CONTROLLERS`) over ``point_list``. Without points (the first
+    daemon) it measures the capacity first and makes them: they are in the result's
+    ``setup``."""
+    print(f"  {system}: starting the daemon", file=sys.stderr, flush=True)
     setup: dict[str, Any] = {}
+    policy, controller = CONTROLLERS[system]
     try:
-        with start_daemon(folder, model, policy) as daemon:
+        with start_daemon(folder, model, policy, controller) as daemon:
             if point_list is None:
                 setup = _setup(folder, daemon, plan, registration_profile(folder))
                 point_list = setup["points"]
-            rows = [_one_ours(folder, daemon, policy, point, plan) for point in point_list]
+            rows = [_one_ours(folder, daemon, system, point, plan) for point in point_list]
     finally:
         keep_log(folder / "daemon.log", log_copy)
-    return {"rows": rows, "daemon_log": str(log_copy)} | ({"setup": setup} if setup else {})
+    keys = {"policy": policy, **controller}
+    found = {"rows": rows, "daemon_log": str(log_copy), "controller": keys}
+    return found | ({"setup": setup} if setup else {})
 
 
 def _setup(
@@ -240,13 +254,13 @@ def _setup(
 
 
 def _one_ours(
-    folder: Path, daemon: DaemonProcess, policy: str, point: Point, plan: Plan
+    folder: Path, daemon: DaemonProcess, system: str, point: Point, plan: Plan
 ) -> dict[str, Any]:
-    _progress(policy, point, plan)
+    _progress(system, point, plan)
     before = load_average()[0]
-    out = folder / f"{policy}-{point.seed}.json"
+    out = folder / f"{system}-{point.seed}.json"
     summary = bench(daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed)
-    return our_row(point, policy, summary) | {"load_average": [before, load_average()[0]]}
+    return our_row(point, system, summary) | {"load_average": [before, load_average()[0]]}
 
 
 def _progress(system: str, point: Point, plan: Plan) -> None:
@@ -413,13 +427,13 @@ def run(plan: Plan, skip_ray: bool, stem: Path) -> dict[str, Any]:
         model_path.write_bytes(onnx)
         model = {MODEL: ModelFolder(onnx)}
         started = time.monotonic()
-        log_of = {policy: stem.with_name(f"{stem.name}-{policy}-daemon.log") for policy in OURS}
+        log_of = {system: stem.with_name(f"{stem.name}-{system}-daemon.log") for system in OURS}
         first = run_ours(folder, OURS[0], plan, model, log_of[OURS[0]], None)
         setup = first.pop("setup")
         point_list = setup.pop("points")
         systems: dict[str, Any] = {OURS[0]: first}
-        for policy in OURS[1:]:
-            systems[policy] = run_ours(folder, policy, plan, model, log_of[policy], point_list)
+        for system in OURS[1:]:
+            systems[system] = run_ours(folder, system, plan, model, log_of[system], point_list)
         phases_s = {"ours": round(time.monotonic() - started, 1)}
         if skip_ray:
             ray: dict[str, Any] = {"not_run": "--skip-ray"}
@@ -446,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_ray", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="the quick subset, 3 s a point")
-    parser.add_argument("--skip-ray", action="store_true", help="our three policies only")
+    parser.add_argument("--skip-ray", action="store_true", help="our daemons only")
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL

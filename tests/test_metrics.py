@@ -164,6 +164,7 @@ def test_live_gauges_are_read_at_scrape_time(registry: CollectorRegistry) -> Non
             models_registered=1000,
             client_connections=4,
             cold_starts=state["used"] + 10,
+            warm_ups=state["used"] + 2,
         )
 
     assert value(registry, "clockwork_executor_pages_used", executor="local-0") is None
@@ -178,6 +179,7 @@ def test_live_gauges_are_read_at_scrape_time(registry: CollectorRegistry) -> Non
     assert value(registry, "clockwork_running_requests") == 2
     assert value(registry, "clockwork_outstanding_requests") == 7
     assert value(registry, "clockwork_cold_starts_total") == 19  # the core's count, as it is
+    assert value(registry, "clockwork_warm_ups_total") == 11
     assert value(registry, "clockwork_models_registered") == 1000
     assert value(registry, "clockwork_client_connections") == 4
 

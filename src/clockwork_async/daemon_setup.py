@@ -187,6 +187,7 @@ def live_snapshot(snapshot: DriverSnapshot, connections: int) -> LiveSnapshot:
         models_registered=len(snapshot.models),
         client_connections=connections,
         cold_starts=snapshot.core_counters.get("cold_starts", 0),
+        warm_ups=snapshot.core_counters.get("warm_ups", 0),
     )
 
 

@@ -90,6 +90,7 @@ class LiveSnapshot:
     models_registered: int = 0  # instances
     client_connections: int = 0
     cold_starts: int = 0  # the core's count since start (a counter)
+    warm_ups: int = 0  # the core's count of warm-up INFERs since start (a counter)
 
 
 SnapshotSource = Callable[[], LiveSnapshot]
@@ -313,6 +314,11 @@ def _live_families(
         "clockwork_cold_starts",
         "LOADs of a model that had no copy loaded or loading: its requests wait for the LOAD.",
         value=snapshot.cold_starts if samples else None,
+    )
+    yield CounterMetricFamily(
+        "clockwork_warm_ups",
+        "INFERs of no request sent to warm a cold execute lane (controller warm_up_infers).",
+        value=snapshot.warm_ups if samples else None,
     )
 
 

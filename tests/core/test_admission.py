@@ -300,3 +300,52 @@ def test_without_a_warm_gap_every_execution_corrects_the_model() -> None:
     h.finish(first, end_ns=10 * MS + B1 + 800 * US)
     assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1 + 800 * US
     assert h.ctl.executor("e1").cold_extra_ns == 0
+
+
+def _cold_lane_harness(**config: object) -> Harness:
+    """Lane e1 taught a 0.8 ms cold extra (one cold start ending at 13.53 ms); demand decays
+    over 10 ms, so 10 arrivals close together make it dense for a 1 ms warm gap."""
+    h = loaded_harness("a", warm_gap_ns=MS, utilisation_window_ns=10 * MS, **config)
+    (first,) = only(h.request(1, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    h.finish(first, end_ns=10 * MS + B1 + 800 * US)
+    assert h.ctl.executor("e1").cold_extra_ns == 800 * US
+    return h
+
+
+def test_requests_refused_for_a_cold_lane_warm_it_up_and_the_next_one_runs_after() -> None:
+    h = _cold_lane_harness(warm_up_infers=2)
+    # SLO 3.4 ms (internal 3.2): a warm lane would end a b1 at 2.73, this cold one at 3.53.
+    sent: list[StartInfer] = []
+    for request_id in range(2, 12):
+        commands = h.request(request_id, "a", 3_400 * US, at_ns=30 * MS)
+        assert h.outcome(request_id) is Outcome.INFEASIBLE
+        sent += only(commands, StartInfer)
+    # Only the arrival that made the demand dense (the 10th within ~10 ms) warmed the lane up:
+    first, second = sent
+    assert (first.request_ids, first.batch_size, second.request_ids) == ((), 1, ())
+    assert (first.planned_start_ns, first.predicted_ns) == (30_800 * US, B1)  # a cold start
+    assert (second.planned_start_ns, second.predicted_ns) == (30_800 * US + B1, B1 + 800 * US)
+    assert h.ctl.stats().counters["warm_ups"] == 2
+    # The cold one ran 0.3 ms over batch 1: it teaches the cold extra (p99 of 800, 300 us).
+    h.finish(first, end_ns=30_800 * US + B1 + 300 * US)
+    assert h.ctl.executor("e1").cold_extra_ns == 800 * US
+    lane_free_ns = 30_800 * US + B1 + 300 * US + B1 + 800 * US  # the second, chained after it
+    # Behind them the lane is busy, not cold: a request whose b1 fits after them is served.
+    arrival_ns = lane_free_ns + B1 - 3_200 * US
+    (infer,) = only(h.request(20, "a", 3_400 * US, at_ns=arrival_ns), StartInfer)
+    assert (infer.request_ids, infer.planned_start_ns) == ((20,), lane_free_ns)
+    # The one behind the cold one runs slow too: it teaches nothing.
+    h.finish(second, end_ns=30_800 * US + 2 * B1 + 900 * US)
+    assert h.ctl.predicted_exec_ns("a", "gpu", 1) == B1
+    assert h.ctl.executor("e1").cold_extra_ns == 800 * US
+    assert not h.replies.get(20)
+
+
+def test_no_warm_up_where_a_warm_lane_would_not_serve_it_either_or_when_off() -> None:
+    h = _cold_lane_harness(warm_up_infers=2)
+    for request_id in range(2, 14):  # SLO 2.9 ms (internal 2.7 < 2.73): the SLO's fault
+        assert not only(h.request(request_id, "a", 2_900 * US, at_ns=30 * MS), StartInfer)
+    off = _cold_lane_harness()
+    for request_id in range(2, 14):
+        assert not only(off.request(request_id, "a", 3_400 * US, at_ns=30 * MS), StartInfer)
+    assert h.ctl.stats().counters["warm_ups"] == off.ctl.stats().counters["warm_ups"] == 0

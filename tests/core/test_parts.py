@@ -96,6 +96,8 @@ def test_predictions_are_per_kind_and_record_errors() -> None:
         {"max_queue_delay_ns": -1},
         {"prediction_stale_ns": 0},
         {"outlier_factor": 1.0},
+        {"warm_up_infers": -1},
+        {"warm_up_infers": 2},  # without warm_gap_ns, nothing says a lane is cold
     ],
 )
 def test_bad_config_is_refused_with_a_named_error(field: dict[str, object]) -> None:

@@ -58,6 +58,13 @@ def test_a_request_gone_meanwhile_keeps_its_row_position() -> None:
     assert book.infer_message(_infer((1, 2, 3), 4), SPECS, 0) is None
 
 
+def test_a_warm_up_of_no_request_runs_on_zeros() -> None:
+    message = _book(1.0).infer_message(_infer((), 1), SPECS, OFFSET_NS)
+    assert message is not None and message.batch_size == 1
+    assert message.inputs["x"].tolist() == [[0.0, 0.0]]
+    assert (message.earliest_ns, message.latest_ns) == (5_000 + OFFSET_NS, 6_000 + OFFSET_NS)
+
+
 def _finished_book() -> tuple[RequestBook, ActionRecord]:
     book = _book(1.0, 2.0)
     action = _infer((1, 2), 2)

@@ -16,6 +16,7 @@ from .models import ModelState, RequestState
 from .outcomes import Outcome
 from .state import CoreState
 from .tracker import ExecutorState
+from .warm_up import warm_up
 
 FAR_FUTURE_NS = 1 << 62
 
@@ -39,6 +40,8 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
         core.reject(event.request_id, verdict[0], verdict[1])
         if verdict[0] is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
             _relax(core, model)
+            if core.config.warm_up_infers:
+                warm_up(core, model, event.deadline_ns)
         return
     internal_ns, key_ns = core.policy.plan_keys(core, model, event.deadline_ns)
     request = RequestState(

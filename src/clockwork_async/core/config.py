@@ -33,6 +33,10 @@ class ControllerConfig:
     # teaches the executor how much longer than its back-to-back prediction it ran, and new
     # INFERs on an idle lane are planned that much later; 0: off (one window for both).
     warm_gap_ns: int = 0
+    # Warm-ups (with warm_gap_ns): a request refused because its model's lane is cold, while
+    # its model's arrivals are dense enough that the next should find the lane warm, sends this
+    # many INFERs of no request there to warm it (docs/controller.md); 0: off.
+    warm_up_infers: int = 0
     # Keep each execute lane filled only this far into the future.
     schedule_ahead_ns: int = 3 * MS_NS
     # Safety margin between predicted completion and deadline: clamp(fraction * SLO, min, max).
@@ -61,7 +65,9 @@ class ControllerConfig:
         _positive(self, "load_window_ns", "utilisation_window_ns")
         _positive(self, "max_queued_total", "max_queued_per_model")
         _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")
-        _non_negative(self, "warm_gap_ns")
+        _non_negative(self, "warm_gap_ns", "warm_up_infers")
+        if self.warm_up_infers and not self.warm_gap_ns:
+            raise ConfigError("warm_up_infers needs warm_gap_ns > 0 (it says when a lane is cold)")
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError(f"percentile must be in (0, 100], not {self.percentile}")
         if not 0.0 <= self.margin_fraction < 1.0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 
 from .batching import Batch
-from .events import StartInfer, WakeAt
+from .events import WakeAt
 from .ledger import unbook_dispatched
 from .models import ModelState
 from .outcomes import Outcome
@@ -157,25 +157,11 @@ def dispatch(
     core.running_total += count
     core.counters["infers"] += 1
     executor.record_busy(core.now_ns, batch.predicted_ns, core.config.utilisation_window_ns)
-    core.out.append(_start_infer(action))
+    core.out.append(action.start_infer())
     if model.queued:
         core.push_heads(model)
         if count == model.max_batch and model.queued >= model.max_batch:
             core.note_pressure(model)  # a full batch left a full batch behind
-
-
-def _start_infer(action: Action) -> StartInfer:
-    return StartInfer(
-        action.executor_id,
-        action.action_id,
-        action.model.name,
-        action.batch_size,
-        tuple(r.request_id for r in action.requests),
-        action.earliest_ns,
-        action.latest_ns,
-        action.predicted_ns,
-        action.planned_end_ns - action.predicted_ns,
-    )
 
 
 def run_drops(core: CoreState) -> None:

@@ -29,6 +29,7 @@ COUNTERS = (
     "infers",
     "loads",
     "cold_starts",
+    "warm_ups",
     "unloads",
     "evictions",
     "load_failures",

@@ -18,6 +18,7 @@ import math
 from collections import OrderedDict, deque
 from enum import Enum
 
+from .events import StartInfer
 from .models import ModelState, RequestState
 from .profiles import SlidingWindow
 
@@ -43,6 +44,7 @@ class Action:
         "planned_end_ns",
         "predicted_ns",
         "requests",
+        "warm_up",
     )
 
     def __init__(
@@ -65,6 +67,21 @@ class Action:
         self.requests: list[RequestState] = []
         self.batch_size = 0
         self.pages = 0
+        self.warm_up = False  # an INFER of no request, to warm its lane (warm_up.py)
+
+    def start_infer(self) -> StartInfer:
+        """The command that sends this INFER (committed to its lane: ``planned_end_ns`` set)."""
+        return StartInfer(
+            self.executor_id,
+            self.action_id,
+            self.model.name,
+            self.batch_size,
+            tuple(r.request_id for r in self.requests),
+            self.earliest_ns,
+            self.latest_ns,
+            self.predicted_ns,
+            self.planned_end_ns - self.predicted_ns,
+        )
 
 
 class Lane:
@@ -110,6 +127,11 @@ class Lane:
         if ready_ns - free_ns > self.warm_gap_ns:
             ready_ns += self.cold_extra_ns
         return ready_ns
+
+    def is_cold_now(self, now_ns: int) -> bool:
+        """Return True when nothing is committed and an action starting now would be a cold
+        start (``is_cold_start``)."""
+        return not self.outstanding and self.is_cold_start(now_ns)
 
     def is_cold_start(self, start_ns: int) -> bool:
         """Return True when an action that started at ``start_ns`` (measured) followed more

@@ -119,3 +119,13 @@ def output_rows(
         row.flags.writeable = False
         rows[name] = row
     return rows
+
+
+def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
+    """Zeros shaped like each input at ``batch_size`` (other dynamic axes: 1)."""
+    return {
+        spec.name: np.zeros(
+            (batch_size, *(d if d > 0 else 1 for d in spec.shape[1:])), dtype=spec.dtype
+        )
+        for spec in specs
+    }

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from clockwork_async.core.events import ModelProfile
+from clockwork_async.runtime.batching import zero_batch
 from clockwork_async.wire.messages import (
     ActionResult,
     Infer,
@@ -138,16 +139,6 @@ def percentile_ns(samples: Sequence[int], percentile: float) -> int:
     ordered = sorted(samples)
     rank = max(1, math.ceil(percentile / 100.0 * len(ordered)))
     return ordered[rank - 1]
-
-
-def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
-    """Zeros shaped like each input at ``batch_size`` (other dynamic axes: 1)."""
-    return {
-        spec.name: np.zeros(
-            (batch_size, *(d if d > 0 else 1 for d in spec.shape[1:])), dtype=spec.dtype
-        )
-        for spec in specs
-    }
 
 
 # --- measuring on one executor ----------------------------------------------------------------

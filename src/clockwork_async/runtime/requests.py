@@ -16,7 +16,7 @@ import numpy as np
 
 from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.batching import assemble_batch, output_rows
+from clockwork_async.runtime.batching import assemble_batch, output_rows, zero_batch
 from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
 
 _WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
@@ -191,7 +191,10 @@ class RequestBook:
         self, action: ActionRecord, specs: Sequence[TensorSpec], offset_ns: int
     ) -> Infer | None:
         """The Infer for ``action``: its requests' rows in order, padded to its batch size
-        (a request gone meanwhile keeps its row filled by another). None if all are gone."""
+        (a request gone meanwhile keeps its row filled by another); zeros for a warm-up (no
+        requests, core/warm_up.py). None if all its requests are gone."""
+        if not action.request_ids:
+            return self._infer(action, zero_batch(specs, action.batch_size), offset_ns)
         rows: list[Mapping[str, np.ndarray] | None] = []
         filler: Mapping[str, np.ndarray] | None = None
         for request_id in action.request_ids:
@@ -205,6 +208,10 @@ class RequestBook:
         batch = assemble_batch(
             specs, [row if row is not None else filler for row in rows], action.batch_size
         )
+        return self._infer(action, batch, offset_ns)
+
+    @staticmethod
+    def _infer(action: ActionRecord, batch: Mapping[str, np.ndarray], offset_ns: int) -> Infer:
         return Infer(
             action.action_id,
             action.model,
