@@ -39,10 +39,8 @@ def warm_up(core: CoreState, model: ModelState, deadline_ns: int) -> None:
     for executor_id in model.loaded_on:
         executor = core.executors[executor_id]
         lane = executor.exec_lane
-        if not lane.is_cold_now(now_ns):
-            continue
-        if not lane.cold_extra_ns:
-            continue  # its cold starts cost nothing: warming it would not help
+        if not lane.cold_extra_ns or not lane.is_cold_now(now_ns):
+            continue  # warm already, or its cold starts cost nothing: warming would not help
         if now_ns + lane.lead_ns + core.predict(model, executor).exec_ns[b1] > internal_ns:
             continue  # not even a warm lane would serve it in time
         for _ in range(config.warm_up_infers):
