@@ -42,7 +42,7 @@ from functools import partial
 
 import numpy as np
 
-from clockwork_async.api.service import InferOutcome, resolve_deadline_ns
+from clockwork_async.api.service import InferOutcome
 from clockwork_async.connection import ConnectionClosed
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
@@ -75,8 +75,12 @@ from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
 from clockwork_async.runtime.hop import HopEstimate
 from clockwork_async.runtime.models import RegisteredModel
-from clockwork_async.runtime.requests import ActionRecord, PendingRequest, RequestBook
-from clockwork_async.runtime.snapshot import PredictionErrors
+from clockwork_async.runtime.requests import (
+    ActionRecord,
+    PendingRequest,
+    PredictionErrors,
+    RequestBook,
+)
 from clockwork_async.runtime.timers import BusyPoll, LagProbe, WakeTimer
 from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
 
@@ -379,7 +383,7 @@ class Dispatcher:
             return
         link = joined.link
         action = ActionRecord.infer(command, now_ns)
-        message = self._book.infer_message(action, model.inputs, link.clock.offset_ns)
+        message = self._book.infer_message(action, model.inputs, link.offset_ns)
         if message is None:
             self._not_sent(command.executor_id, command.action_id, "its requests are gone")
             return
@@ -391,7 +395,7 @@ class Dispatcher:
             self._not_sent(command.executor_id, command.action_id, "no such executor")
         elif isinstance(command, StartLoad):
             action = ActionRecord.load(command, now_ns)
-            self._send(joined.link, action, action.load_message(joined.link.clock.offset_ns))
+            self._send(joined.link, action, action.load_message(joined.link.offset_ns))
         else:
             action = ActionRecord.unload(command, now_ns)
             self._send(joined.link, action, action.unload_message())
@@ -427,13 +431,13 @@ class Dispatcher:
         group = self._group_of(action.model)
         for listener in self.action_listeners:
             _call_quietly(listener, group, action, message)
-        self._feed(action.finished_event(message, link.clock.offset_ns))
+        self._feed(action.finished_event(message, link.offset_ns))
 
     def _note(self, link: ExecutorLink, action: ActionRecord, result: ActionResult) -> None:
         """Keep what the result tells: timings, both hops, pages, loaded models, errors."""
         action.result = result
         action.received_ns = now_ns = self._now_ns()
-        action.offset_ns = offset_ns = link.clock.offset_ns
+        action.offset_ns = offset_ns = link.offset_ns
         if result.end_ns:
             before_ns = self._return_hop.estimate_ns
             self._return_hop.add(now_ns - (result.end_ns - offset_ns), now_ns)
@@ -597,6 +601,22 @@ class Dispatcher:
 
     def timers(self) -> tuple[LagProbe, WakeTimer, BusyPoll]:
         return self._lag, self._timer, self._poll
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
 
 
 def _call_soon(callback: Callable[[], None]) -> None:
