@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import guard_e2e
 from clockwork_async.sim.engine import (
     ACTION_LOG_FIELDS,
     REQUEST_LOG_FIELDS,
@@ -55,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 BASELINE = REPO / "benchmarks" / "guard_baseline.json"
 AZURE_RELATIVE = Path("data/traces/azure-functions-2019-500/invocations.csv")
 AZURE_CANDIDATES = (REPO.parent / "shared" / AZURE_RELATIVE, Path("/work/shared") / AZURE_RELATIVE)
+CODE_FOLDERS = ("src", "executors")
 BLOCK_REQUESTS = 1000  # request ids per block digest
 SHORT_DIGEST_CHARS = 16
 ROWS_SHOWN = 8  # differing rows printed per scenario
@@ -86,7 +88,9 @@ class Scenario:
 
     def config(self) -> dict[str, Any]:
         """What the baseline records of it (a changed config is reported beside the result)."""
-        return {"profile": PROFILE.name, **asdict(self)}
+        config = {"profile": PROFILE.name, **asdict(self)}
+        del config["quick"]  # which runs --quick picks; not part of the run
+        return config
 
 
 def _sweep(slos_ms: Sequence[float]) -> list[Scenario]:
@@ -369,23 +373,31 @@ def write_rows(path: Path, rows: list[Row]) -> None:
 # --- the verbs ----------------------------------------------------------------------------
 
 
-def git_commit() -> str:
+def _git(*args: str) -> str:
     try:
         found = subprocess.run(
-            ["git", "-C", str(REPO), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True,
-            text=True,
-            check=True,
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
         )
         return found.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
+def code_commit() -> str:
+    """The last commit that changed the code under test (src/, executors/), ``+changes`` when
+    those folders hold uncommitted changes: what a recorded baseline stands for."""
+    commit = _git("log", "-1", "--format=%h", "--abbrev=12", "--", *CODE_FOLDERS)
+    dirty = _git("status", "--porcelain", "--", *CODE_FOLDERS)
+    return commit + ("+changes" if dirty else "")
+
+
+E2E = "e2e"  # the name that picks the end-to-end part in ``--only``
+
+
 def chosen_scenarios(only: str | None, quick: bool) -> list[Scenario]:
     """Scenarios named by ``only`` (comma-separated names; a name that is no scenario's picks
-    every scenario it begins, e.g. ``sweep``), else all (the
-    quick ones with ``quick``). Raises SystemExit on a name that matches nothing."""
+    every scenario it begins, e.g. ``sweep``), else all (the quick ones with ``quick``).
+    Raises SystemExit on a name that matches nothing."""
     if not only:
         return [s for s in SCENARIOS if s.quick or not quick]
     picked = []
@@ -393,11 +405,15 @@ def chosen_scenarios(only: str | None, quick: bool) -> list[Scenario]:
         matches = [s for s in SCENARIOS if s.name == name] or [
             s for s in SCENARIOS if s.name.startswith(name)
         ]
-        if not matches:
-            names = ", ".join(s.name for s in SCENARIOS)
+        if not matches and name != E2E:
+            names = ", ".join([s.name for s in SCENARIOS] + [E2E])
             raise SystemExit(f"guard: no scenario {name!r} (scenarios: {names})")
         picked += [s for s in matches if s not in picked]
     return picked
+
+
+def e2e_chosen(only: str | None) -> bool:
+    return not only or E2E in only.split(",")
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
@@ -447,11 +463,17 @@ def record(args: argparse.Namespace) -> int:
         outcome = found[scenario.name]
         if isinstance(outcome, RunResult):
             kept[scenario.name] = {"config": scenario.config(), **outcome.record}
-    baseline["simulator"] = {"commit": git_commit(), "numpy": np.__version__}
+    if scenarios:
+        baseline["simulator"] = {"commit": code_commit(), "numpy": np.__version__}
     order = [s.name for s in SCENARIOS] + sorted(set(kept) - {s.name for s in SCENARIOS})
     baseline["scenarios"] = {name: kept[name] for name in order if name in kept}
+    if e2e_chosen(args.only):
+        baseline[E2E] = {"commit": code_commit(), **guard_e2e.record_runs(args.e2e_runs, _progress)}
     save_baseline(args.baseline, baseline)
-    _progress(f"recorded {len(scenarios)} scenario(s) into {args.baseline}")
+    parts = f"{len(scenarios)} scenario(s)" + (
+        " and the e2e tests" if e2e_chosen(args.only) else ""
+    )
+    _progress(f"recorded {parts} into {args.baseline}")
     return 0
 
 
@@ -461,19 +483,32 @@ def check(args: argparse.Namespace) -> int:
     scenarios = chosen_scenarios(args.only, args.quick)
     wall_start = time.perf_counter()
     found = _run_all(scenarios, find_azure_sample(args.azure), args.dump)
+    e2e = _check_e2e(baseline.get(E2E)) if e2e_chosen(args.only) else None
     failed = 0
-    print(f"guard check against {args.baseline.name} ({baseline.get('simulator')}):")
+    print(f"guard check against {args.baseline.name} (simulator: {baseline.get('simulator')}):")
     for scenario in scenarios:
         verdict = _verdict(scenario, found[scenario.name], recorded.get(scenario.name), args)
         failed += verdict[0]
         print(f"  {scenario.name}: {verdict[1]}")
         for line in verdict[2]:
             print(f"      {line}")
+    if e2e is not None:
+        print(f"  e2e (recorded at {baseline.get(E2E, {}).get('commit')}): {e2e[1][0]}")
+        for line in e2e[1][1:]:
+            print(f"      {line}")
+    passed = len(scenarios) - failed
+    e2e_word = "" if e2e is None else f"; e2e {'identical' if e2e[0] else 'DIFFERENT'}"
     print(
-        f"guard: {len(scenarios) - failed} of {len(scenarios)} scenarios pass "
+        f"guard: {passed} of {len(scenarios)} scenarios identical{e2e_word} "
         f"({time.perf_counter() - wall_start:.0f} s wall)"
     )
-    return 1 if failed else 0
+    return 1 if failed or (e2e is not None and not e2e[0]) else 0
+
+
+def _check_e2e(recorded: dict[str, Any] | None) -> tuple[bool, list[str]]:
+    if recorded is None:
+        return False, ["DIFFERENT: not in the baseline (record it: record --only e2e)"]
+    return guard_e2e.compare(recorded, _progress)
 
 
 def _verdict(
@@ -505,12 +540,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Record or check the simulator's per-request outcomes (the redesign guard).",
     )
     parser.add_argument("verb", choices=("record", "check", "list"))
-    parser.add_argument("--only", help="scenario names or prefixes, comma-separated")
+    only_help = f"scenario names or prefixes, comma-separated ({E2E}: the end-to-end part)"
+    parser.add_argument("--only", help=only_help)
     parser.add_argument("--quick", action="store_true", help="the cheaper scenarios only")
     parser.add_argument("--baseline", type=Path, default=BASELINE)
     parser.add_argument("--azure", type=Path, help="the Azure sample (default: ../shared/data)")
     parser.add_argument("--dump", type=Path, help="write each run's rows as DIR/NAME.csv")
     parser.add_argument("--against", type=Path, help="rows from a --dump, to show row diffs")
+    runs_help = "record: runs of the e2e tests (a test is stable when all agree)"
+    parser.add_argument("--e2e-runs", type=int, default=guard_e2e.RECORD_RUNS, help=runs_help)
     return parser
 
 
@@ -518,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.verb == "list":
         for scenario in SCENARIOS:
-            print(f"{scenario.name:<16} {json.dumps(scenario.config())}")
+            print(f"{scenario.name:<20} {json.dumps(scenario.config())}")
+        print(f"{E2E:<20} {' '.join(guard_e2e.TEST_FILES)}")
         return 0
     return record(args) if args.verb == "record" else check(args)
 
