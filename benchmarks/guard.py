@@ -496,12 +496,12 @@ def check(args: argparse.Namespace) -> int:
         print(f"  e2e (recorded at {baseline.get(E2E, {}).get('commit')}): {e2e[1][0]}")
         for line in e2e[1][1:]:
             print(f"      {line}")
-    passed = len(scenarios) - failed
-    e2e_word = "" if e2e is None else f"; e2e {'identical' if e2e[0] else 'DIFFERENT'}"
-    print(
-        f"guard: {passed} of {len(scenarios)} scenarios identical{e2e_word} "
-        f"({time.perf_counter() - wall_start:.0f} s wall)"
+    parts = (
+        [f"{len(scenarios) - failed} of {len(scenarios)} scenarios identical"] if scenarios else []
     )
+    if e2e is not None:
+        parts.append(f"e2e {'identical' if e2e[0] else 'DIFFERENT'}")
+    print(f"guard: {'; '.join(parts)} ({time.perf_counter() - wall_start:.0f} s wall)")
     return 1 if failed or (e2e is not None and not e2e[0]) else 0
 
 
