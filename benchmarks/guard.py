@@ -254,6 +254,7 @@ def run_scenario(scenario: Scenario, azure: Path | None = None) -> RunResult:
     record["lost"] = stats.lost
     record["violations"] = dict(sorted(stats.violations.items()))
     record["loads"], record["evictions"] = stats.loads, stats.evictions
+    record["action_errors"] = dict(sorted(stats.action_errors.items()))
     return RunResult(rows, record, wall_s)
 
 
@@ -295,16 +296,18 @@ def _batch_key(item: tuple[str, int]) -> tuple[int, str]:
 
 
 COMPARED = ("requests", "lost", "violations", "loads", "evictions")
-HISTOGRAMS = ("outcomes", "infers_by_batch_size", "rows_by_batch_size")
+HISTOGRAMS = ("outcomes", "infers_by_batch_size", "rows_by_batch_size", "action_errors")
 
 
 def differences(
     old: dict[str, Any], new: dict[str, Any], rows: list[Row], old_rows: list[Row] | None
 ) -> list[str]:
-    """Lines describing how ``new`` differs from the recorded ``old`` (empty: identical)."""
-    if old["digest"] == new["digest"]:
-        return []
-    lines = [f"digest {old['digest'][:16]} -> {new['digest'][:16]}"]
+    """Lines describing how ``new`` differs from the recorded ``old`` (empty: identical).
+    Counts are compared even when the rows agree: a second reply to a request, say, is no
+    row but is counted in ``violations``."""
+    lines = []
+    if old["digest"] != new["digest"]:
+        lines.append(f"digest {old['digest'][:16]} -> {new['digest'][:16]}")
     for key in COMPARED:
         if old.get(key) != new.get(key):
             lines.append(f"{key}: {old.get(key)} -> {new.get(key)}")
@@ -312,6 +315,8 @@ def differences(
         delta = histogram_delta(old.get(key, {}), new.get(key, {}))
         if delta:
             lines.append(f"{key} (new - old): {delta}")
+    if old["digest"] == new["digest"]:
+        return lines
     changed = [
         int(i)
         for i in sorted(set(old["blocks"]) | set(new["blocks"]), key=int)

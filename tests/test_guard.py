@@ -54,6 +54,10 @@ def test_a_changed_row_changes_the_digest_and_is_reported(guard: ModuleType) -> 
     assert "1 of 1 blocks of 1000 ids differ" in lines
     assert any(f"id {request_id}: ok," in line and "-> dropped,-,-" in line for line in lines)
     assert guard.differences(result.record, result.record, result.rows, None) == []
+    twice = {**result.record, "violations": {"second_reply": 1}}  # no row, but counted
+    assert guard.differences(result.record, twice, result.rows, None) == [
+        "violations: {} -> {'second_reply': 1}"
+    ]
 
 
 def test_the_baseline_holds_every_scenario_as_configured_now(guard: ModuleType) -> None:
