@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,
@@ -51,7 +51,7 @@ from benchmarks.common import (
     keep_log,
     load_average,
     machine_description,
-    nearest_rank,
+    percentile,
     run_uvloop,
     table,
     write_report,
@@ -366,7 +366,7 @@ def seconds_summary(values: list[float | None]) -> dict[str, Any]:
         return {"n": 0}
     return {
         "n": len(measured),
-        "p50_s": round(nearest_rank(measured, 50), 3),
+        "p50_s": round(percentile(measured, 50), 3),
         "max_s": round(measured[-1], 3),
     }
 

@@ -48,7 +48,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     keep_log,
     load_average,

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, load_average, machine_description, table, write_report
+from benchmarks.lib import RESULTS, load_average, machine_description, table, write_report
 
 CHILD_TIMEOUT_S = 3600
 INPUT_TIMEOUT_S = 5.0

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine_description, nearest_rank, table
 from benchmarks.gpu_models import build_big_mlp
+from benchmarks.lib import machine_description, percentile, percentiles, table
 
 MIB = 1 << 20
 NAME = "gpu_check"
@@ -83,11 +83,9 @@ def tail_stats_ns(values: Iterable[int]) -> dict[str, Any]:
     if not ordered:
         return {"n": 0}
     stats: dict[str, Any] = {"n": len(ordered)}
-    for label, percent in (("p50", 50), ("p99", 99), ("p99.9", 99.9), ("p99.99", 99.99)):
-        stats[f"{label}_us"] = round(nearest_rank(ordered, percent) / 1e3, 2)
-    stats["max_us"] = round(ordered[-1] / 1e3, 2)
+    stats |= percentiles(ordered, (50, 99, 99.9, 99.99), scale=1e-3, digits=2, suffix="_us")
     stats["p99.99_over_p50"] = round(
-        nearest_rank(ordered, 99.99) / max(1, ordered[len(ordered) // 2]), 4
+        percentile(ordered, 99.99) / max(1, ordered[len(ordered) // 2]), 4
     )
     return stats
 
@@ -271,7 +269,7 @@ def copy_floor(ops: Any, sizes: Iterable[int], reps: int) -> list[dict[str, Any]
         for _ in range(3):
             floor.copy_ns()
         samples = sorted(floor.copy_ns() for _ in range(reps))
-        p50 = nearest_rank(samples, 50)
+        p50 = percentile(samples, 50)
         rows.append(
             {"bytes": size, "p50_us": round(p50 / 1e3, 2), "GB_per_s": round(size / p50, 2)}
         )

@@ -419,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    from benchmarks.common import run_uvloop
+    from benchmarks.lib import run_uvloop
 
     result = run_uvloop(run_load(args))
     result["summary"] = summarize_rows(result["rows"], args.duration_s)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,

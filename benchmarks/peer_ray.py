@@ -56,17 +56,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ray_side
-from benchmarks.common import (
+from benchmarks.cpu_serving import MODEL, bench, rule_capacity
+from benchmarks.http_loadgen import model_input_specs, summarize_rows
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
+    ModelFolder,
+    demo_model_bytes,
     keep_log,
     load_average,
     machine_description,
+    registration_profile,
+    start_daemon,
     write_report,
 )
-from benchmarks.cpu_serving import MODEL, bench, registration_profile, rule_capacity
-from benchmarks.exp_common import ModelFolder, demo_model_bytes, start_daemon
-from benchmarks.http_loadgen import model_input_specs, summarize_rows
 from benchmarks.peer_report import goals, markdown, print_tables, write_plot
 
 CAPACITY_SLO_MS = 100.0

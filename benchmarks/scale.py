@@ -34,19 +34,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, table
-from benchmarks.sim_common import (
+from benchmarks.lib import (
     NS_PER_S,
     RESULTS,
-    Row,
     copy_to_docs,
-    environment,
+    load_average,
+    machine_description,
     percent,
     pyplot,
-    run_sim,
     save,
+    table,
     write_json,
 )
+from benchmarks.lib.sim import Row, run_sim
 from clockwork_async.sim.workloads import poisson
 
 SLO_MS = 100.0
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         if not counts or min(counts) < 1:
             parser.error("executors must be positive integers")
         plan = Plan(counts, plan.seconds)
-    machine = environment()
+    machine = machine_description()
     rows = [run_case(n, plan.seconds) for n in plan.executors]
     result: dict[str, Any] = {
         "experiment": "6: scale",

@@ -26,16 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sim_common import (
-    AZURE_SAMPLE,
-    B1_MS,
-    POLICIES,
-    PROFILE,
-    RESULTS,
-    Row,
-    interval_for,
-    run_sim,
-)
+from benchmarks.lib import POLICIES, RESULTS
+from benchmarks.lib.sim import AZURE_SAMPLE, B1_MS, PROFILE, Row, interval_for, run_sim
 from clockwork_async.sim.report import capacity_rps
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
 from clockwork_async.sim.workloads import Workload, poisson, ramp, slo_sweep_ms, trace_replay

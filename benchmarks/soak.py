@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     keep_log,
     load_average,

@@ -27,23 +27,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, table
-from benchmarks.sim_common import (
+from benchmarks.lib import (
     POLICIES,
     RESULTS,
-    Row,
-    Series,
     copy_to_docs,
-    environment,
-    interval_for,
+    load_average,
+    machine_description,
     percent,
     plot_panels,
     pyplot,
     rejected_text,
-    run_sim,
-    windows,
+    table,
     write_json,
 )
+from benchmarks.lib.sim import Row, Series, interval_for, run_sim, windows
 from clockwork_async.sim.workloads import ramp
 
 SLO_MS = 100.0
@@ -197,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not policies:
         parser.error(f"policies must be among {', '.join(POLICIES)}")
     plan = QUICK if args.quick else FULL
-    machine = environment()
+    machine = machine_description()
     runs = [run_policy(plan, policy) for policy in policies]
     stem = "thousands-quick" if args.quick else "thousands"
     result: dict[str, Any] = {
