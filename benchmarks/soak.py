@@ -31,14 +31,16 @@ from benchmarks.lib import (
     keep_log,
     load_average,
     machine_description,
+    pyplot,
     run_uvloop,
+    save,
     summarize_ns,
     write_report,
 )
 from benchmarks.overload import (
     BIN_S,
-    LoadRun,
     Phase,
+    PhaseLog,
     ProcSampler,
     drive,
     rule_capacity_rps,
@@ -64,7 +66,7 @@ def drift(samples: list[dict[str, float]], key: str, load_s: float) -> dict[str,
     return {"early": early, "late": late, "drift": change}
 
 
-def ok_by_minute(load_run: LoadRun, load_s: float) -> list[dict[str, Any]]:
+def ok_by_minute(load_run: PhaseLog, load_s: float) -> list[dict[str, Any]]:
     """Requests sent in each minute of the load and the fraction of them answered ``ok``, so
     a run can tell a steady shortfall from a bad stretch (another job on the machine)."""
     bins_per_minute = round(60 / BIN_S)
@@ -89,13 +91,8 @@ def descriptors(sampler: ProcSampler, load_s: float) -> dict[str, Any]:
 
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """Daemon and executor RSS and the daemon's descriptors over time."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     samples = result["samples"]
     times = [s["t_s"] for s in samples]
@@ -107,11 +104,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     bottom.plot(times, [s["daemon_fds"] for s in samples], label="daemon open fds")
     bottom.set(xlabel="time (s)", ylabel="descriptors")
     bottom.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path, dpi=80)
 
 
 def run(minutes: float, load: float, slowdown: float, slo_ms: float) -> dict[str, Any]:
