@@ -421,7 +421,7 @@ def goals(parts: list[Row]) -> Row:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     add = parser.add_argument
     add("--quick", action="store_true", help="10 min virtual; 2-minute real-time windows")
@@ -437,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     add("--trace", type=Path, default=AZURE_SAMPLE)
     add("--out", type=Path, default=RESULTS)
     add("--docs", action="store_true", help="copy the PNGs to docs/img/exp4-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     if not parts or any(p not in PARTS for p in parts):

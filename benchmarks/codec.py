@@ -133,11 +133,15 @@ def _table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.codec", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
     parser.add_argument("--json", type=Path, default=Path("results/codec.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     repeats = 300 if args.quick else 5000
     rows = run(repeats)
     print(_table(rows))

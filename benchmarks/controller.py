@@ -169,7 +169,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs (about a minute)")
     parser.add_argument("--executors", type=int, help="one case: this many executors")
@@ -181,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="replays per case (best kept)")
     parser.add_argument("--json", type=Path, help="default: results/controller[-quick].json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.executors is not None:
         seconds = 2.0 if args.quick else args.seconds
         cases = [Case(args.executors, args.models, args.load, seconds, args.cold, args.policy)]

@@ -313,7 +313,7 @@ async def _stats(address: str) -> dict[str, Any]:
     return {key: stats.get(key) for key in keep}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_serving", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="short runs (about two minutes)")
@@ -325,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         "to the lowest CPU, or allowed every CPU",
     )
     parser.add_argument("--json", type=Path, default=RESULTS / "cpu_serving.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     machine = machine_description()
     result = {

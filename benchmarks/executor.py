@@ -304,13 +304,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.executor", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="few samples, batch 1/4/16")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-shared", action="store_true", help="demo models only")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     import uvloop
 
     report = uvloop.run(run(args))

@@ -437,7 +437,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="20 faults, 3 executors")
@@ -445,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, help="requests per second, open loop")
     parser.add_argument("--executors", type=int, help="simulated executors (at least 2)")
     parser.add_argument("--json", type=Path, default=RESULTS / "faults.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     overrides = {"faults": args.faults, "rate_per_s": args.rate, "executors": args.executors}

@@ -495,7 +495,7 @@ def summary_rows(report: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -504,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "results"))
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop measuring after this")
     parser.add_argument("--skip-conformance", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     budget, plan = Budget(args.budget_s), QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {

@@ -399,7 +399,7 @@ def summarize_rows(rows: Mapping[str, Sequence[Any]], duration_s: float) -> dict
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.http_loadgen", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--host", default="127.0.0.1")
@@ -418,7 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a request this late against its schedule is not sent (status behind)",
     )
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     from benchmarks.lib import run_uvloop
 
     result = run_uvloop(run_load(args))

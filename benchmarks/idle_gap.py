@@ -412,13 +412,17 @@ def _condition_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
     ax.legend(fontsize=7)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_gap", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="few samples (about half a minute)")
     parser.add_argument("--models", default="resnet-like,mlp", help="demo models, comma-separated")
     parser.add_argument("--json", type=Path, help="write the result here")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     plan = QUICK if args.quick else FULL
     result = run(plan, [name for name in args.models.split(",") if name])
     print_report(result)

@@ -292,7 +292,7 @@ def _per_second(recorded: dict[str, Any], origin_ns: int) -> tuple[list[float], 
     return [s + 0.5 for s in seconds], [counts[s] for s in seconds]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.isolation", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="15 s phases (about 3 minutes)")
@@ -301,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ls-slo-ms", type=float, default=50.0, help="0: 3 exec(b16) + exec(b1) of the profile"
     )
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = replace(QUICK if args.quick else FULL, ls_slo_ms=args.ls_slo_ms)
     policies = [p for p in args.policies.split(",") if p]
     out = args.json or RESULTS / f"isolation{'-quick' if args.quick else ''}.json"

@@ -464,7 +464,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"daemon loop lag after the {phase} phase (ready-callback wait, µs): {lag}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="a smoke run (about a minute)")
@@ -474,7 +474,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="default: results/overhead.json")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.serve_echo:
         run_uvloop(serve_echo())
         return 0

@@ -393,7 +393,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overload", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="10 s of overload, not 60 s")
@@ -401,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=50.0, help="tiny-sim slowdown")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "overload.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     result: dict[str, Any] = {
         "benchmark": "overload",

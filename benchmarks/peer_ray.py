@@ -459,13 +459,17 @@ def run(plan: Plan, skip_ray: bool, stem: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_ray", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="the quick subset, 3 s a point")
     parser.add_argument("--skip-ray", action="store_true", help="our daemons only")
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     path = args.json or RESULTS / f"peer_ray{'-quick' if args.quick else ''}.json"
     started = time.monotonic()

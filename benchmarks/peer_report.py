@@ -14,6 +14,7 @@ against 0 is written ``inf``; without a value on either side, ``-``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
@@ -295,10 +296,19 @@ def _ms(row: dict[str, Any], key: str) -> float:
     return float("nan") if value is None else value
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peer_report",
+        description="Re-report saved peer_ray results: tables printed, Markdown and plot "
+        "written beside each.",
+    )
+    parser.add_argument("results", nargs="*", type=Path, help="results/peer_ray[-quick].json")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Re-report a saved result: tables printed, Markdown and plot written beside it."""
-    paths = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
-    for path in paths:
+    for path in build_parser().parse_args(argv).results:
         result = json.loads(path.read_text())
         result["goals"] = goals(result)
         print_tables(result)

@@ -371,7 +371,7 @@ def _error_plot(plt: Any, controller: dict[str, Any], path: Path) -> Path:
     return save(plt, fig, path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.predictability", description=__doc__
     )
@@ -379,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="about two minutes")
     parser.add_argument("--no-shared", action="store_true", help="demo models only")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     out = args.json or RESULTS / f"predictability{'-quick' if args.quick else ''}.json"
     started = time.monotonic()

@@ -389,7 +389,7 @@ def _reply_channel() -> TextIO:
     return replies
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ray_app.py", description=__doc__)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -405,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
         default="thread",
         help="run ONNX Runtime on a thread of its own (default) or on the replica's event loop",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     replies = _reply_channel()
     os.environ.update(RAY_ENVIRONMENT)
     reply = {"ready": start(args)}

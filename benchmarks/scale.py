@@ -271,13 +271,18 @@ def write_plot(rows: list[Row], path: Path) -> Path | None:
     return save(plt, fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="2 s of virtual time per case")
     parser.add_argument("--executors", help="comma-separated counts (default 10,25,50,100,150)")
     parser.add_argument("--profile", action="store_true", help="cProfile the biggest case")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="copy the PNG to docs/img/exp6-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.executors:

@@ -208,13 +208,17 @@ def _plot_sweeps(plt: Any, rows: list[Row], directory: Path, suffix: str) -> lis
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short runs (a minute or two)")
     parser.add_argument("--only", default="a,b,c,d", help="scenarios to run, e.g. a,d")
     parser.add_argument("--azure-minutes", type=float, help="minutes of the trace for (b)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     chosen = set(args.only.split(","))
     runners = {
         "a": lambda: scenario_a(args.quick),

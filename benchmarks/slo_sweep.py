@@ -257,13 +257,17 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     return save(plt, fig, path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.slo_sweep", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="5 SLOs, 10 s each")
     parser.add_argument("--only", default="real,sim", help="real, sim or both (default)")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     chosen = set(args.only.split(","))
     out = args.json or RESULTS / f"slo_sweep{'-quick' if args.quick else ''}.json"

@@ -155,7 +155,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"ok fraction by minute: {minutes}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--minutes", type=float, default=20.0)
@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=10.0, help="tiny-sim slowdown")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     minutes = 1.0 if args.quick else args.minutes
     result: dict[str, Any] = {
         "benchmark": "soak",

@@ -182,12 +182,17 @@ def write_plots(runs: list[Row], out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="compressed ramp, 60 s virtual")
     parser.add_argument("--policies", default="clockwork", help="comma-separated policies")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="copy the PNGs to docs/img/exp3-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICIES]
