@@ -28,6 +28,10 @@ throughput with N requests always in flight (replies/s and ok replies/s). From t
 driver total, sends), as deltas over each target's blocks.
 
 Goals (issue 4): serial round trip <= 3x the echo's; pipelined throughput >= 25% of the echo's.
+
+The probes (`serial`, `pipelined`) are closed loops of their own, not ``clockwork-async
+bench``: they measure one connection's round trip and a fixed number in flight, the same way
+against the echo server and the daemon, adding samples up over interleaved blocks.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.lib import table
+from benchmarks.lib import pyplot, save, table
 
 OURS = "clockwork"
 RAY = ("ray-http", "ray-handle")
@@ -259,8 +259,6 @@ def markdown(result: dict[str, Any]) -> str:
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """Goodput and ok latency vs offered load at the 10x b1 SLO; goodput and in-SLO share vs
     SLO at 200% load. None without matplotlib."""
-    from benchmarks.lib import pyplot, save
-
     plt = pyplot()
     if plt is None:
         return None

@@ -19,6 +19,9 @@ Then each line read is a JSON command, answered by one JSON line:
 - ``{"cmd": "handle_load", "schedule": F.npy, "input": F.npy, "slo_ms": S, "out": F.json,
   "max_lag_s": L}``: open-loop load through a deployment handle from this process (see
   `HandleLoad`); a request more than L s late against its schedule is not sent (``behind``).
+  This load stays apart from ``clockwork-async bench``: it calls a Ray deployment handle
+  inside Ray's own process and venv, which imports nothing of the project (the schedule is
+  bench's, drawn by `benchmarks.http_loadgen.arrival_schedule` and passed in as a file).
 - ``{"cmd": "quit"}``: shut Serve and Ray down and exit.
 
 Invariants:

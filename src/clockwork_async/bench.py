@@ -418,11 +418,16 @@ def client_within_slo(run: Run) -> dict[str, Any]:
 
 def write_plots(run: Run, duration_ns: int, directory: Path, slo_ms: float) -> list[Path]:
     """latency.png (ok latency p50/p99/max per second) and outcomes.png (answers per second by
-    status). Imports matplotlib here only."""
-    import matplotlib
+    status). Imports matplotlib here only; without it, says so on stderr and writes none (the
+    summary is kept)."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("clockwork-async bench: matplotlib not installed: no plots", file=sys.stderr)
+        return []
 
     directory.mkdir(parents=True, exist_ok=True)
     series = timeline_arrays(run.recorder.stats, duration_ns)
