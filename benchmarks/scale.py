@@ -9,7 +9,7 @@ evenly over the instances (200 req/s per executor: about 55% of an executor at b
 SLO, `clockwork` policy. Full mode 20 s of virtual time per case, quick 2 s.
 
 Measured per case, on this process's clock:
-- the core's cost: every ``handle`` call timed (`sim_common.TimedController`; two clock reads
+- the core's cost: every ``handle`` call timed (`lib.sim.TimedController`; two clock reads
   around the real core); the serving events' total (all but the registrations and joins at
   time 0, reported apart as set-up) over the requests (µs per request), and per call: p50 /
   p99 over the serving events and over arrivals alone;

@@ -197,6 +197,7 @@ class Run:
 
         async def worker(index: int) -> None:
             while (now_ns := self.now_ns()) < duration_ns:
+                self.recorder.on_scheduled(now_ns)  # due as soon as the last was answered
                 await self.send(index, now_ns, slo_ms)
 
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
