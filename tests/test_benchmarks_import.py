@@ -30,8 +30,9 @@ OPTIONAL_PACKAGES = {
 # Modules with no command line of their own: libraries, and the atheris target (libFuzzer
 # parses its arguments).
 NO_PARSER = {"benchmarks.fuzz_atheris_target", "benchmarks.gpu_models", "benchmarks.ray_side"}
-# Arguments a parser requires (a generator process always told where to send).
+# Arguments a parser requires (a generator process always told where to send, a verb).
 REQUIRED_ARGS = {
+    "benchmarks.guard": ["check"],
     "benchmarks.http_loadgen": [
         *("--port", "1", "--model", "m.onnx", "--rate", "1", "--duration-s", "1"),
         *("--slo-ms", "100", "--out", "out.json"),
