@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from tests.core.harness import KIND, MS, RESNET, SIZES, MiniSim, make_spec
 
+from benchmarks.lib import percentile
 from clockwork_async.core.capacity import capacity_rps
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
@@ -131,8 +131,8 @@ def measure(case: Case, seed: int, repeats: int) -> dict[str, Any]:
         "requests": requests,
         "events": len(ctl.log),
         "us_per_request": cpu_s / requests * 1e6,
-        "arrival_median_us": statistics.median(ordered) / 1e3,
-        "arrival_p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] / 1e3,
+        "arrival_median_us": percentile(ordered, 50) / 1e3,
+        "arrival_p99_us": percentile(ordered, 99) / 1e3,
         "core_requests_per_s": requests / cpu_s,
         "outcomes": dict(outcomes),
         "counters": dict(ctl.stats(with_executors=False).counters),

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.gpu_models import build_big_mlp
-from benchmarks.lib import machine_description, percentile, percentiles, table
+from benchmarks.lib import machine_description, percentile, percentile_of, percentiles, table
 
 MIB = 1 << 20
 NAME = "gpu_check"
@@ -85,7 +85,7 @@ def tail_stats_ns(values: Iterable[int]) -> dict[str, Any]:
     stats: dict[str, Any] = {"n": len(ordered)}
     stats |= percentiles(ordered, (50, 99, 99.9, 99.99), scale=1e-3, digits=2, suffix="_us")
     stats["p99.99_over_p50"] = round(
-        percentile(ordered, 99.99) / max(1, ordered[len(ordered) // 2]), 4
+        percentile(ordered, 99.99) / max(1, percentile(ordered, 50)), 4
     )
     return stats
 
@@ -377,7 +377,7 @@ def measure_infers(
             stats: dict[str, Any] = {key: tail_stats_ns(v) for key, v in phases.items()}
             stats["sm_clock_mhz"] = {
                 "min": min(clocks),
-                "median": int(np.median(clocks)),
+                "median": int(percentile_of(clocks, 50)),
                 "max": max(clocks),
             }
             stats["wall_s"] = round(time.monotonic() - start, 2)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ from benchmarks.lib import (
     keep_log,
     load_average,
     machine_description,
+    percentile_of,
     pyplot,
     run_uvloop,
     save,
@@ -53,7 +53,7 @@ def window_median(
 ) -> float | None:
     """The median of ``key`` over samples taken in [start_s, end_s); None if there are none."""
     values = [s[key] for s in samples if start_s <= s["t_s"] < end_s]
-    return statistics.median(values) if values else None
+    return percentile_of(values, 50) if values else None
 
 
 def drift(samples: list[dict[str, float]], key: str, load_s: float) -> dict[str, Any]:

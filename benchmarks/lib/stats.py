@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from clockwork_async.core.percentile import nearest_rank_index, percentile
+from clockwork_async.core.percentile import nearest_rank_index, percentile, percentile_of
 
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
@@ -23,6 +23,7 @@ __all__ = [
     "histogram_percentile",
     "outcome_summary",
     "percentile",
+    "percentile_of",
     "percentiles",
     "percentiles_ms",
     "ratio",
