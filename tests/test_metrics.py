@@ -121,6 +121,20 @@ def test_loads_evictions_restarts_and_lag(registry: CollectorRegistry) -> None:
     assert value(registry, "clockwork_event_loop_lag_seconds_sum") == 0.0
 
 
+def test_executor_busy_seconds_add_up_by_executor_and_kind(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_busy("local-0", "infer", 0.25)
+    metrics.observe_busy("local-0", "infer", 0.5)
+    metrics.observe_busy("local-0", "load", 0.125)
+    metrics.observe_busy("local-1", "infer", -0.001)  # clock jitter: never negative
+    name = "clockwork_executor_busy_seconds_total"
+    assert value(registry, name, executor="local-0", kind="infer") == 0.75
+    assert value(registry, name, executor="local-0", kind="load") == 0.125
+    assert value(registry, name, executor="local-1", kind="infer") == 0.0
+    with pytest.raises(ValueError, match="busy kind"):
+        metrics.observe_busy("local-0", "unload", 0.1)
+
+
 def test_thousands_of_instances_keep_label_sets_bounded(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry, instance_label_limit=10, include_process=False)
     for i in range(5000):

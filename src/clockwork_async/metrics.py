@@ -46,6 +46,8 @@ DROP_REASONS = frozenset(
 )
 ANSWERED_WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
 PREDICTION_KINDS = ("infer", "load")
+# Executor lanes whose busy time is counted: one execute lane and one load lane per executor.
+BUSY_KINDS = ("infer", "load")
 MAX_EXECUTOR_LABELS = 256
 
 
@@ -144,6 +146,13 @@ class Metrics:
             "Executor processes restarted or links re-established.",
             ["executor"],
         )
+        # rate() of it is a lane's utilisation (0..1): each executor runs one action of a kind
+        # at a time. Per-request execute histograms cannot give it (a batch counts once per row).
+        self.executor_busy = counter(
+            "executor_busy_seconds",
+            "Seconds an executor spent running actions that succeeded, by kind (infer, load).",
+            ["executor", "kind"],
+        )
 
     def _define_histograms(self, registry: CollectorRegistry) -> None:
         def histogram(
@@ -238,6 +247,12 @@ class Metrics:
 
     def executor_restarted(self, executor_id: str) -> None:
         self.executor_restarts.labels(self._executor(executor_id)).inc()
+
+    def observe_busy(self, executor_id: str, kind: str, seconds: float) -> None:
+        """One action of ``kind`` (``infer`` or ``load``) ran ``seconds`` on an executor."""
+        if kind not in BUSY_KINDS:
+            raise ValueError(f"busy kind must be one of {BUSY_KINDS}, not {kind!r}")
+        self.executor_busy.labels(self._executor(executor_id), kind).inc(max(0.0, seconds))
 
     def set_snapshot_source(self, source: SnapshotSource | None) -> None:
         """Where the live gauges come from at scrape time (None: no live gauges)."""

@@ -28,7 +28,7 @@ import numpy as np
 
 from clockwork_async.api.service import Health, ServiceError, resolve_deadline_ns
 from clockwork_async.logs import request_extra
-from clockwork_async.metrics import Metrics
+from clockwork_async.metrics import BUSY_KINDS, Metrics
 from clockwork_async.profile_cache import ProfileCache
 from clockwork_async.repository import (
     ModelEntry,
@@ -145,11 +145,15 @@ class DaemonService:
         log.debug("answered %s", outcome.outcome.value, extra=request_extra(outcome.request_id))
 
     def _on_action(self, action: ActionRecord, result: ActionResult) -> None:
-        """Feeds prediction errors, LOAD durations and evictions to the metrics."""
+        """Feeds prediction errors, LOAD durations, evictions and executor busy time to the
+        metrics."""
         served = self._instances.get(action.model)
         if not result.ok or served is None:
             return
         group = served.group or served.name
+        if action.kind in BUSY_KINDS:  # both ends are the executor's clock
+            busy_ns = result.end_ns - result.start_ns
+            self._metrics.observe_busy(action.executor_id, action.kind, busy_ns / NS_PER_S)
         if action.kind == "infer":
             error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
             self._metrics.observe_prediction("infer", error_ns / NS_PER_S)

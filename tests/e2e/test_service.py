@@ -22,7 +22,9 @@ from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import InferOutcome, RegisteredModel
 from clockwork_async.runtime.profiler import RegistrationProfile
 from clockwork_async.runtime.registration import RegistrationError
+from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.service_impl import DaemonService, Registration
+from clockwork_async.wire.messages import ActionResult
 
 from .harness import add_tiny
 
@@ -184,6 +186,28 @@ async def test_removing_an_instance_name_is_refused(setup: Setup) -> None:
     with pytest.raises(ServiceError) as gone:
         await setup.service.remove_model("tiny")
     assert gone.value.code == "unknown_model"
+
+
+async def test_actions_feed_busy_time_prediction_error_and_loads(setup: Setup) -> None:
+    await setup.service.rescan()
+    (listener,) = setup.driver.action_listeners
+    infer = ActionRecord("infer", "sim", 1, "tiny-0", 0, predicted_ns=3 * MS_NS)
+    load = ActionRecord("load", "sim", 2, "tiny-0", 0)
+    listener(
+        infer,
+        ActionResult(
+            1, start_ns=10 * MS_NS, end_ns=14 * MS_NS, durations_ns={"execute": 4 * MS_NS}
+        ),
+    )
+    listener(load, ActionResult(2, start_ns=0, end_ns=2 * MS_NS, durations_ns={"load": 2 * MS_NS}))
+    listener(infer, ActionResult(3, code="too_late"))  # failed actions count nowhere
+    value = setup.registry.get_sample_value
+    busy = "clockwork_executor_busy_seconds_total"
+    assert value(busy, {"executor": "sim", "kind": "infer"}) == 0.004
+    assert value(busy, {"executor": "sim", "kind": "load"}) == 0.002
+    error = {"kind": "infer", "direction": "slower"}
+    assert value("clockwork_prediction_error_seconds_sum", error) == 0.001
+    assert value("clockwork_load_duration_seconds_count", {"group": "tiny"}) == 1
 
 
 def ignore(outcome: InferOutcome) -> None:
