@@ -121,6 +121,16 @@ def test_loads_evictions_restarts_and_lag(registry: CollectorRegistry) -> None:
     assert value(registry, "clockwork_event_loop_lag_seconds_sum") == 0.0
 
 
+def test_a_tracked_executors_restarts_start_at_zero(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    name = "clockwork_executor_restarts_total"
+    assert value(registry, name, executor="local-0") is None
+    metrics.track_executor("local-0")
+    assert value(registry, name, executor="local-0") == 0
+    metrics.executor_restarted("local-0")
+    assert value(registry, name, executor="local-0") == 1
+
+
 def test_executor_busy_seconds_add_up_by_executor_and_kind(registry: CollectorRegistry) -> None:
     metrics = Metrics(registry, include_process=False)
     metrics.observe_busy("local-0", "infer", 0.25)

@@ -245,6 +245,10 @@ class Metrics:
     def observe_loop_lag(self, seconds: float) -> None:
         self.loop_lag.observe(max(0.0, seconds))
 
+    def track_executor(self, executor_id: str) -> None:
+        """Start an executor's restart count at 0, so that increase() sees its first restart."""
+        self.executor_restarts.labels(self._executor(executor_id))
+
     def executor_restarted(self, executor_id: str) -> None:
         self.executor_restarts.labels(self._executor(executor_id)).inc()
 
