@@ -174,6 +174,7 @@ class LoadRun:
     ok_by_sent_bin: Counter[int] = field(default_factory=Counter)
     ok_by_reply_bin: Counter[int] = field(default_factory=Counter)
     not_ok: list[tuple[float, str]] = field(default_factory=list)  # (sent_s, status), capped
+    models: tuple[str, ...] = (MODEL,)  # taken in turn, one per request
     _books_closed: bool = False
 
     def now_s(self) -> float:
@@ -205,10 +206,11 @@ class LoadRun:
 
     def send(self, phase: str) -> None:
         sent_s = self.now_s()
+        model = self.models[self.sent % len(self.models)]
         self.sent += 1
         self.sent_bins[int(sent_s / BIN_S)] += 1
         try:
-            pending = self.client.start_infer(MODEL, self.inputs, slo_ms=self.slo_ms)
+            pending = self.client.start_infer(model, self.inputs, slo_ms=self.slo_ms)
         except ClientError as error:
             self._answered(phase, sent_s, error)
             return
