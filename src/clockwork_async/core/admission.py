@@ -10,7 +10,7 @@ work already committed to its lanes ("even now": the queue of waiting requests i
 from __future__ import annotations
 
 from .errors import InvalidEvent
-from .events import RequestArrived, RequestCancelled
+from .events import Abandon, RequestArrived, RequestCancelled
 from .ledger import book
 from .models import ModelState, RequestState
 from .outcomes import Outcome
@@ -35,17 +35,18 @@ def on_request_arrived(core: CoreState, event: RequestArrived) -> None:
         core.reject(event.request_id, Outcome.UNKNOWN_MODEL, message)
         return
     model.note_arrival(core.now_ns, core.config.utilisation_window_ns)
-    verdict = core.policy.admit(core, model, event.deadline_ns)
+    deadline_ns = event.deadline_ns - core.return_hop_ns  # the result must be back by then
+    verdict = core.policy.admit(core, model, deadline_ns)
     if isinstance(verdict, tuple):
         core.reject(event.request_id, verdict[0], verdict[1])
         if verdict[0] is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
             _relax(core, model)
             if core.config.warm_up_infers:
-                warm_up(core, model, event.deadline_ns)
+                warm_up(core, model, deadline_ns)
         return
-    internal_ns, key_ns = core.policy.plan_keys(core, model, event.deadline_ns)
+    internal_ns, key_ns = core.policy.plan_keys(core, model, deadline_ns)
     request = RequestState(
-        event.request_id, model, core.now_ns, event.deadline_ns, internal_ns, key_ns
+        event.request_id, model, core.now_ns, deadline_ns, internal_ns, key_ns, event.deadline_ns
     )
     core.requests[event.request_id] = request
     if verdict is not None:
@@ -70,6 +71,12 @@ def on_request_cancelled(core: CoreState, event: RequestCancelled) -> None:
         core.counters["stray_cancels"] += 1
         return
     core.answer(request, Outcome.CANCELLED, "cancelled by the client")
+
+
+def on_abandon(core: CoreState, event: Abandon) -> None:
+    """Answer every accepted request ``shutting_down`` now (queued or running)."""
+    for request in list(core.requests.values()):
+        core.answer(request, Outcome.SHUTTING_DOWN, event.message)
 
 
 def cap_rejection(core: CoreState, model: ModelState) -> tuple[Outcome, str] | None:

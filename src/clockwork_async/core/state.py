@@ -76,6 +76,7 @@ class CoreState:
         self.placement_dirty = False
         self.copies_blocked_until_ns = 0  # no executor had room for a copy: wait a little
         self.shutting_down = False
+        self.return_hop_ns = 0  # the runtime's way back (ReturnHop): planned ends come earlier
         self.wake_pending_ns: int | None = None
         self._next_action_id = 1
         self._seq = 0
