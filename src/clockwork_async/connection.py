@@ -39,13 +39,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NoReturn, cast
 
-from clockwork_async.wire.codec import DEFAULT_LIMITS, Decoder, Encoder, Limits, ProtocolError
+from clockwork_async.wire.codec import (
+    DEFAULT_LIMITS,
+    Decoder,
+    Encoder,
+    Limits,
+    ProtocolError,
+    Screen,
+    Screened,
+)
 from clockwork_async.wire.messages import Error, Message
 
 logger = logging.getLogger(__name__)
 
 # `Connection.dispatch`'s callback: None to go on, or an awaitable to hold the rest until done.
 DispatchHandler = Callable[[Message], Awaitable[None] | None]
+ScreenedHandler = Callable[[Screened], None]  # `dispatch`: a frame the screen refused
 
 DEFAULT_MAX_QUEUED_MESSAGES = 256
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
@@ -157,6 +166,7 @@ class Connection:
         self._handler: DispatchHandler | None = None  # set while `dispatch` runs
         self._handler_error: BaseException | None = None
         self._hold: Awaitable[None] | None = None  # dispatch: what the handler asked to await
+        self._on_screened: ScreenedHandler | None = None
         self._writable = asyncio.Event()  # clear while the transport asks writers to pause
         self._writable.set()
         self._closed = asyncio.Event()
@@ -224,6 +234,13 @@ class Connection:
 
     # Receiving.
 
+    def set_screen(self, screen: Screen, on_screened: ScreenedHandler) -> None:
+        """From now on, ``screen`` sees each frame's header before its tail (`codec.Screen`);
+        a frame it refuses keeps none of its tensor bytes and goes to ``on_screened`` in its
+        place (`dispatch` only)."""
+        self._decoder.screen = screen
+        self._on_screened = on_screened
+
     async def recv(self) -> Message:
         """The next message. Raises ProtocolError when the peer sent bad bytes (after every
         good message before them), ConnectionClosed when the connection ended."""
@@ -231,7 +248,10 @@ class Connection:
             frame = self._decoder.next_frame()
             if frame is not None:
                 self._maybe_resume_reading()
-                return frame[0]
+                message = frame[0]
+                if isinstance(message, Screened):
+                    raise RuntimeError("a screened frame reached recv(): screen with dispatch")
+                return message
             if self._ended is not None:
                 raise ConnectionClosed(str(self._ended))
             self._readable.clear()
@@ -355,7 +375,12 @@ class Connection:
             frame = decoder.next_frame()
             assert frame is not None
             try:
-                self._hold = handler(frame[0])
+                message = frame[0]
+                if isinstance(message, Screened):
+                    assert self._on_screened is not None  # set with the screen
+                    self._on_screened(message)
+                else:
+                    self._hold = handler(message)
             except Exception as error:
                 self._handler_error = error
         if self._handler_error is not None:

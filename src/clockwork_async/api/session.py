@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,7 @@ from clockwork_async.api.service import InferOutcome, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
-from clockwork_async.wire.codec import EncodeError, ProtocolError
+from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
@@ -95,6 +95,7 @@ class ApiSession:
         self._server = server
         self._service = server.service
         self._requests = server.requests
+        connection.set_screen(self._screen, self._on_screened)
         self._connection = connection
         self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
@@ -192,6 +193,34 @@ class ApiSession:
             return
         if not entry.done:
             entry.service_id = service_id
+
+    def _screen(self, cls: type[Any], fields: Mapping[str, Any], nbytes: int) -> str | None:
+        """The door, from an InferRequest's header: the service says whether to keep it."""
+        if cls is not InferRequest or not self._server.accepting_requests:
+            return None
+        slo_ms = fields.get("slo_ms")
+        try:
+            slo_ns = None if slo_ms is None else slo_ms_to_ns(slo_ms)
+        except ValueError:
+            return None  # refused bad_input once decoded
+        model, deadline_unix_ns = fields.get("model", ""), fields.get("deadline_unix_ns")
+        return self._requests.screen(model, slo_ns, deadline_unix_ns, nbytes)
+
+    def _on_screened(self, screened: Screened) -> None:
+        """An InferRequest refused from its header: answered ``overloaded``, like any other
+        request (its tensors were never kept)."""
+        request_id = screened.fields["request_id"]
+        if self._busy(request_id):
+            why = f"request id {request_id} is already in flight"
+            self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
+            return
+        entry = _Pending(self._server.now_ns())
+        self._pending[request_id] = entry
+        self._idle.clear()
+        self._server.request_started()
+        on_reply = partial(self._on_outcome, request_id, entry)
+        model = screened.fields.get("model", "")
+        self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""

@@ -272,6 +272,33 @@ class Dispatcher:
             f"retry after {delay_ns / 1e6:.2f} ms"
         )
 
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """The door, from a frame's header (`api.service.Requests.screen`): why the loop
+        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
+        if self._state is not DispatcherState.RUNNING:
+            return None  # `submit` answers it shutting_down
+        now_ns = self._now_ns()
+        served = self._models.get(model)
+        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
+        deadline_ns = resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
+        )
+        return self._loop_refusal(deadline_ns - now_ns, now_ns)
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request the door screened out ``overloaded`` (its tensors never kept)."""
+        request_id = next(self._request_ids)
+        now_ns = self._now_ns()
+        request = PendingRequest(request_id, model, {}, on_reply, now_ns, now_ns)
+        self._book.add_request(request)
+        self._loop.book(now_ns, nbytes, admitted=False)
+        self._answer_here(request, Outcome.OVERLOADED, reason)
+        return request_id
+
     def cancel(self, request_id: int) -> None:
         """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
         running (then its result still comes). Unknown or answered ids are ignored."""
@@ -550,7 +577,7 @@ class Dispatcher:
     def _start(self) -> None:
         if not self._lag.running and self._state is not DispatcherState.CLOSED:
             self._lag.start()
-            self._loop.start(lambda: self._lag.last_ns)
+            self._loop.start()
 
     def busy_poll(self, window_ns: int) -> None:
         """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
