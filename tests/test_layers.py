@@ -36,8 +36,17 @@ ONE_IDEA_MARK = "One idea:"
 # The core's layers, lowest first (core/controller.py's header): a core module imports only
 # from its own layer or lower ones. Every core module is listed.
 CORE_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "outcomes", "events", "config", "percentile", "profiles", "capacity", "clock"),
-    ("models",),  # spec checks (vocabulary, as the line above)
+    (
+        "errors",
+        "outcomes",
+        "events",
+        "config",
+        "percentile",
+        "profiles",
+        "capacity",
+        "clock",
+        "models",
+    ),
     ("queues", "lanes", "entities"),
     ("state",),
     ("agenda", "feasibility", "eviction", "ledger"),
