@@ -310,7 +310,10 @@ class Daemon:
         assert self.service is not None
         server = self.config.server
         api = ApiServer(
-            self.service, limits=ServerLimits.from_config(server), auth=auth_from_config(server)
+            self.service,
+            requests=self.driver.dispatcher,
+            limits=ServerLimits.from_config(server),
+            auth=auth_from_config(server),
         )
         self.api = api
         try:

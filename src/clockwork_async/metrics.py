@@ -23,9 +23,14 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.runtime.requests import ActionRecord
+from clockwork_async.wire.messages import ActionResult
 
 log = logging.getLogger(__name__)
+
+NS_PER_S = 1e9
 
 OTHER = "other"
 # From 0.5 ms to 10 s: a fast model's execute up to a generous SLO.
@@ -219,6 +224,34 @@ class Metrics:
             self.execute_duration.labels(group_label).observe(execute_s)
         if slack_s is not None and slack_s >= 0 and result is Outcome.OK:
             self.deadline_slack.labels(group_label).observe(slack_s)
+
+    def observe_outcome(self, model: str, group: str, slack_ns: int, outcome: InferOutcome) -> None:
+        """One answer, as the dispatcher hands it to its outcome listeners (labels of
+        unknown models are already ``other``): `observe_reply` with its timings."""
+        timing = outcome.timing_ns
+        ran = outcome.executor_id is not None
+        self.observe_reply(
+            model,
+            group,
+            outcome.outcome.value,
+            timing.get("total", 0) / NS_PER_S,
+            timing.get("queue", 0) / NS_PER_S if ran else None,
+            timing.get("execute", 0) / NS_PER_S if ran else None,
+            slack_ns / NS_PER_S,
+        )
+
+    def observe_action(self, group: str, action: ActionRecord, result: ActionResult) -> None:
+        """One action's result, as the dispatcher hands it to its action listeners: prediction
+        errors of INFERs, LOAD durations and evictions (UNLOADs) of successful actions."""
+        if not result.ok or group == OTHER:  # a model no longer served
+            return
+        if action.kind == "infer":
+            error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
+            self.observe_prediction("infer", error_ns / NS_PER_S)
+        elif action.kind == "load":
+            self.observe_load(group, result.durations_ns.get("load", 0) / NS_PER_S)
+        elif action.kind == "unload":
+            self.observe_eviction(group)
 
     def observe_prediction(self, kind: str, error_s: float) -> None:
         """``error_s`` = actual - predicted duration of an ``infer`` or ``load`` action."""

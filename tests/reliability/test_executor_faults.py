@@ -161,7 +161,7 @@ async def test_a_slowed_executor_answers_once_and_predictions_follow_it(tmp_path
         await register(driver, SLOW_LOAD)  # the durations it had before it slowed down
         predicted: list[tuple[int, int]] = []  # (batch size, predicted execute ns)
 
-        def on_action(action: ActionRecord, result: ActionResult) -> None:
+        def on_action(_group: str, action: ActionRecord, result: ActionResult) -> None:
             if action.kind == "infer" and result.ok:
                 predicted.append((action.batch_size, action.predicted_ns))
 

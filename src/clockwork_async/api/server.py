@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Service
+from clockwork_async.api.service import Admin, Requests
 from clockwork_async.api.session import ApiSession
 from clockwork_async.connection import (
     DEFAULT_MAX_QUEUED_MESSAGES,
@@ -135,18 +135,21 @@ _TRANSITIONS = {
 
 
 class ApiServer:
-    """Serves the client API of one `Service` on one address."""
+    """Serves the client API on one address: requests go to ``requests``, model changes,
+    stats and health to ``service`` (one object may be both: `api.service.Service`)."""
 
     def __init__(
         self,
-        service: Service,
+        service: Admin,
         *,
+        requests: Requests | None = None,
         limits: ServerLimits | None = None,
         auth: TokenAuth | None = None,
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.service = service
+        self.requests: Requests = requests if requests is not None else cast(Requests, service)
         self.limits = limits or ServerLimits()
         self.auth = auth or TokenAuth()
         self.name = name

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .agenda import note_pressure
 from .entities import ModelState, RequestState
 from .errors import InvalidEvent
-from .events import RequestArrived, RequestCancelled
+from .events import Abandon, RequestArrived, RequestCancelled
 from .ledger import book, note_demand
 from .outcomes import Outcome
 from .policies import Policy, Rejection
@@ -35,13 +35,14 @@ def on_request_arrived(core: CoreState, policy: Policy, event: RequestArrived) -
         reject(core, event.request_id, Outcome.UNKNOWN_MODEL, message)
         return
     model.note_arrival(core.now_ns, core.config.utilisation_window_ns)
-    verdict = policy.admit(core, model, event.deadline_ns)
+    deadline_ns = event.deadline_ns - core.return_hop_ns  # the result must be back by then
+    verdict = policy.admit(core, model, deadline_ns)
     if isinstance(verdict, Rejection):
-        _refuse(core, policy, model, event, verdict)
+        _refuse(core, policy, model, event.request_id, deadline_ns, verdict)
         return
-    internal_ns, key_ns = policy.plan_keys(core, model, event.deadline_ns)
+    internal_ns, key_ns = policy.plan_keys(core, model, deadline_ns)
     request = RequestState(
-        event.request_id, model, core.now_ns, event.deadline_ns, internal_ns, key_ns
+        event.request_id, model, core.now_ns, deadline_ns, internal_ns, key_ns, event.deadline_ns
     )
     core.requests[event.request_id] = request
     if verdict is not None:
@@ -53,20 +54,22 @@ def _refuse(
     core: CoreState,
     policy: Policy,
     model: ModelState,
-    event: RequestArrived,
+    request_id: int,
+    deadline_ns: int,
     rejection: Rejection,
 ) -> None:
-    """Reject an arriving request as the policy said, noting what its model wants."""
+    """Reject an arriving request (``deadline_ns``: its result must end by then) as the
+    policy said, noting what its model wants."""
     if rejection.wants_copy:
         if model.has_copy():
             note_pressure(core, model)
         elif model.reserved_on is None:
             note_demand(core, model)
-    reject(core, event.request_id, rejection.outcome, rejection.message)
+    reject(core, request_id, rejection.outcome, rejection.message)
     if rejection.outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
         _relax(core, model)
         if core.config.warm_up_infers:
-            internal_ns, _ = policy.plan_keys(core, model, event.deadline_ns)
+            internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
             warm_up(core, model, internal_ns)
 
 
@@ -87,3 +90,9 @@ def on_request_cancelled(core: CoreState, event: RequestCancelled) -> None:
         core.counters["stray_cancels"] += 1
         return
     answer(core, request, Outcome.CANCELLED, "cancelled by the client")
+
+
+def on_abandon(core: CoreState, event: Abandon) -> None:
+    """Answer every accepted request ``shutting_down`` now (queued or running)."""
+    for request in list(core.requests.values()):
+        answer(core, request, Outcome.SHUTTING_DOWN, event.message)

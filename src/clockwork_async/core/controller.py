@@ -6,12 +6,11 @@ its event, then everything due at ``now_ns`` (timers, fills, drops, placement), 
 WakeAt when the core needs a Tick earlier than it already asked for. Invalid events raise
 InvalidEvent before any state changes.
 
-``handle`` is ``accept`` then ``schedule``. A driver holding several events of one instant
-(requests decoded from one socket read) may ``accept`` each and ``schedule`` once, so that
-arrivals seen together can share a batch; the commands of the accepts come out of that
-``schedule``, in order.
+``handle`` is ``accept`` then ``schedule``. Requests decoded from one socket read come as one
+`Arrivals` event: each is admitted, then they are scheduled once, so that arrivals seen
+together can share a batch. The runtime enters the core through ``handle`` alone.
 
-The core in layers; a module imports only from layers below its own (tests/test_layers.py
+The core in layers; a module imports only from its own layer or lower ones (tests/test_layers.py
 forbids any import cycle; docs/controller.md, "Layers"):
 
 1. vocabulary: errors, outcomes, events, config, percentile, profiles, capacity, clock, models
@@ -31,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .admission import on_request_arrived, on_request_cancelled
+from .admission import on_abandon, on_request_arrived, on_request_cancelled
 from .config import ControllerConfig
 from .errors import InvalidEvent, TimeWentBackwards
 from .events import (
+    Abandon,
     ActionFinished,
+    Arrivals,
     Command,
     Event,
     ExecutorJoined,
@@ -45,6 +46,7 @@ from .events import (
     ModelUnregistered,
     RequestArrived,
     RequestCancelled,
+    ReturnHop,
     Shutdown,
     Tick,
 )
@@ -73,15 +75,18 @@ class Controller:
         core, policy = self._core, self._policy
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             RequestArrived: lambda e: on_request_arrived(core, policy, e),
+            Arrivals: self._on_arrivals,
             RequestCancelled: lambda e: on_request_cancelled(core, e),
             ActionFinished: lambda e: on_action_finished(core, policy, e),
             ExecutorJoined: lambda e: on_executor_joined(core, policy, e),
             ExecutorLeft: lambda e: on_executor_left(core, policy, e),
             ExecutorLead: lambda e: on_executor_lead(core, e),
+            ReturnHop: self._on_return_hop,
             ModelRegistered: lambda e: on_model_registered(core, e),
             ModelUnregistered: lambda e: on_model_unregistered(core, e),
             Tick: self._on_tick,
             Shutdown: self._on_shutdown,
+            Abandon: lambda e: on_abandon(core, e),
         }
 
     def handle(self, event: Event, now_ns: int) -> list[Command]:
@@ -123,6 +128,19 @@ class Controller:
     def _on_tick(self, event: Tick) -> None:
         # Whatever timer was pending has fired (maybe a little early): ask again if needed.
         self._core.wake_pending_ns = None
+
+    def _on_arrivals(self, event: Arrivals) -> None:
+        ids = [arrival.request_id for arrival in event.requests]
+        reused = [i for i in ids if i in self._core.requests]
+        if reused or len(set(ids)) != len(ids):
+            raise InvalidEvent(f"request ids reused in {event!r}")
+        for arrival in event.requests:
+            on_request_arrived(self._core, self._policy, arrival)
+
+    def _on_return_hop(self, event: ReturnHop) -> None:
+        if event.hop_ns < 0:
+            raise InvalidEvent(f"a return hop cannot be negative: {event!r}")
+        self._core.return_hop_ns = event.hop_ns
 
     def _on_shutdown(self, event: Shutdown) -> None:
         self._core.shutting_down = True

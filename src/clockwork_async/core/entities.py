@@ -31,8 +31,10 @@ _ALLOWED: dict[RequestStatus, frozenset[RequestStatus]] = {
 
 
 class RequestState:
-    """One accepted request. ``key_ns`` orders its model's queue; ``internal_deadline_ns`` is the
-    deadline minus the safety margin (what the scheduler plans against)."""
+    """One accepted request. ``reply_by_ns`` is its true deadline (it is answered ``ok`` only
+    by then); ``deadline_ns`` is that less the return hop at its arrival (by when its result
+    must end on an executor); ``internal_deadline_ns`` is ``deadline_ns`` minus the safety
+    margin (what the scheduler plans against); ``key_ns`` orders its model's queue."""
 
     __slots__ = (
         "action_id",
@@ -43,6 +45,7 @@ class RequestState:
         "key_ns",
         "model",
         "planned_on",
+        "reply_by_ns",
         "request_id",
         "status",
     )
@@ -55,8 +58,10 @@ class RequestState:
         deadline_ns: int,
         internal_deadline_ns: int,
         key_ns: int,
+        reply_by_ns: int | None = None,
     ) -> None:
         self.request_id = request_id
+        self.reply_by_ns = deadline_ns if reply_by_ns is None else reply_by_ns
         self.model = model
         self.arrival_ns = arrival_ns
         self.deadline_ns = deadline_ns

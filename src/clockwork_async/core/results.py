@@ -96,7 +96,7 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
     for request in action.requests:
         if request.status is not RequestStatus.RUNNING:
             continue  # cancelled while running
-        on_time = now_ns <= request.deadline_ns
+        on_time = now_ns <= request.reply_by_ns  # the one judge of ok and late
         details = {
             "batch_size": action.batch_size,
             "predicted_ns": action.predicted_ns,
@@ -108,8 +108,8 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
         if on_time:
             answer(core, request, Outcome.OK, "", action, details)
         else:
-            late_ms = (now_ns - request.deadline_ns) / 1e6
-            message = f"result arrived {late_ms:.3f} ms after the deadline"
+            late_ms = (now_ns - request.reply_by_ns) / 1e6
+            message = f"the result reached the controller {late_ms:.3f} ms after the deadline"
             answer(core, request, Outcome.LATE, message, action, details)
 
 

@@ -69,6 +69,7 @@ class CoreState:
         self.placement_dirty = False
         self.copies_blocked_until_ns = 0  # no executor had room for a copy: wait a little
         self.shutting_down = False
+        self.return_hop_ns = 0  # the runtime's way back (ReturnHop): planned ends come earlier
         self.wake_pending_ns: int | None = None
         self.last_action_id = 0  # ids are handed out by new_action_id
         self.last_seq = 0  # tie-breakers of the heaps, by next_seq

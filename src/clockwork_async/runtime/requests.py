@@ -1,4 +1,4 @@
-"""The driver's book of outstanding requests and actions, and what a caller gets back.
+"""The dispatcher's book of outstanding requests and actions, and what a caller gets back.
 
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
@@ -14,25 +14,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.runtime.batching import assemble_batch, output_rows, zero_batch
 from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
 
 _WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
-
-
-@dataclass(frozen=True, slots=True)
-class InferOutcome:
-    """What a caller gets back, exactly once per submit."""
-
-    request_id: int
-    outcome: Outcome
-    message: str
-    outputs: dict[str, np.ndarray]  # this request's rows (read-only views), for OK and LATE
-    timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
-    executor_id: str | None
-    batch_size: int
 
 
 @dataclass(slots=True)
@@ -126,14 +114,14 @@ class ActionRecord:
 
 @dataclass(slots=True)
 class RequestBook:
-    """Outstanding requests and actions, with the indexes the driver asks about."""
+    """Outstanding requests and actions, with the indexes the dispatcher asks about."""
 
     _requests: dict[int, PendingRequest] = field(default_factory=dict)
     _actions: dict[int, ActionRecord] = field(default_factory=dict)
     _by_executor: dict[str, dict[int, ActionRecord]] = field(default_factory=dict)
     _by_model: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    submitted: int = 0  # requests accepted into the book (handed to the core)
+    outcomes: Counter[str] = field(default_factory=Counter)  # every answer, counted once
+    submitted: int = 0  # requests accepted into the book
 
     # Requests.
 

@@ -1,20 +1,18 @@
-"""Read-only views of the driver's state for stats, metrics and health (built on demand).
+"""Read-only views of the runtime's state for stats, metrics and health (built on demand).
 
-Invariant: every snapshot is a frozen value; nothing in it refers back to live driver state.
+Invariant: every snapshot is a frozen value; nothing in it refers back to live state; building
+one never runs the core (`snapshot.build` in runtime/driver.py reads the dispatcher, the book,
+the core's counters and the executor pool).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from clockwork_async.runtime.executor_link import ExecutorLink, LinkKeeper
+from clockwork_async.core.percentile import percentile
 from clockwork_async.runtime.timers import LagStats, PollStats, TimerStats
-
-if TYPE_CHECKING:
-    from clockwork_async.runtime.models import RegisteredModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,57 +101,12 @@ class PredictionErrors:
         if not self._count:
             return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
         ordered = sorted(self._recent)
-        pick = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
         return PredictionErrorStats(
             count=self._count,
             mean_ns=self._total_ns / self._count,
-            p50_ns=ordered[len(ordered) // 2],
-            p99_ns=pick,
+            p50_ns=percentile(ordered, 50.0),
+            p99_ns=percentile(ordered, 99.0),
             min_ns=self._min_ns,
             max_ns=self._max_ns,
             underpredicted=self._under,
         )
-
-
-@dataclass(slots=True)
-class ExecutorRecord:
-    """The driver's live view of one attached executor (not a snapshot: it changes)."""
-
-    executor_id: str
-    keeper: LinkKeeper | None = None
-    link: ExecutorLink | None = None  # set while joined
-    kind: str = ""
-    pages_total: int = 0
-    pages_free: int = 0
-    loaded: set[str] = field(default_factory=set)
-    restarts: int = 0  # counted by `Driver.executor_restarted`
-
-    def snapshot(self, outstanding_actions: int) -> ExecutorSnapshot:
-        link, keeper = self.link, self.keeper
-        return ExecutorSnapshot(
-            executor_id=self.executor_id,
-            address=keeper.address if keeper is not None else "",
-            up=link is not None and link.up,
-            kind=self.kind,
-            pages_used=self.pages_total - self.pages_free,
-            pages_total=self.pages_total,
-            loaded=tuple(sorted(self.loaded)),
-            restarts=self.restarts,
-            reconnects=max(0, (keeper.connects if keeper is not None else 0) - 1),
-            outstanding_actions=outstanding_actions,
-            clock_offset_ns=link.clock.offset_ns if link is not None else 0,
-            clock_error_ns=link.clock.error_bound_ns if link is not None else 0,
-            rtt_ns=link.last_rtt_ns if link is not None else 0,
-            last_error=keeper.last_error if keeper is not None else "",
-        )
-
-
-def model_snapshot(
-    model: RegisteredModel, records: Iterable[ExecutorRecord], queued: int = 0
-) -> ModelSnapshot:
-    """A model, the executors it is loaded on and how many of its requests are queued."""
-    loaded_on = tuple(r.executor_id for r in records if model.name in r.loaded)
-    group = model.group or model.name
-    return ModelSnapshot(
-        model.name, group, model.batch_sizes, model.weights_pages, loaded_on, queued
-    )
