@@ -37,7 +37,7 @@ def on_request_arrived(core: CoreState, policy: Policy, event: RequestArrived) -
     model.note_arrival(core.now_ns, core.config.utilisation_window_ns)
     deadline_ns = event.deadline_ns - core.return_hop_ns  # the result must be back by then
     verdict = policy.admit(core, model, deadline_ns)
-    if isinstance(verdict, Rejection):
+    if isinstance(verdict, tuple):  # a Rejection
         _refuse(core, policy, model, event.request_id, deadline_ns, verdict)
         return
     internal_ns, key_ns = policy.plan_keys(core, model, deadline_ns)
@@ -60,13 +60,14 @@ def _refuse(
 ) -> None:
     """Reject an arriving request (``deadline_ns``: its result must end by then) as the
     policy said, noting what its model wants."""
-    if rejection.wants_copy:
+    outcome, message, wants_copy = rejection
+    if wants_copy:
         if model.has_copy():
             note_pressure(core, model)
         elif model.reserved_on is None:
             note_demand(core, model)
-    reject(core, request_id, rejection.outcome, rejection.message)
-    if rejection.outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
+    reject(core, request_id, outcome, message)
+    if outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
         _relax(core, model)
         if core.config.warm_up_infers:
             internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
