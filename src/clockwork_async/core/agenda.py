@@ -1,11 +1,12 @@
-"""The core's agenda: what it must look at next (fills, timers, queue heads, placement).
+"""The core's agenda: notes of what to look at next (fills, timers, queue heads, placement).
 
-Invariants: an executor holding a model with queued requests has an entry for that model's
-head in its heap (stale entries are skipped when popped: scheduler.py); an executor whose
-execute lane wants work within ``schedule_ahead_ns`` is in ``to_fill`` or has a timer for
-when it will; a model with queued requests and no copy (nor reserved LOAD) is in ``cold``;
-``placement_dirty`` is set whenever placement may have something to do. These functions only
-note what to do; the scheduler and placement do it.
+Invariants: these functions only note work; the scheduler and placement do it. An executor is
+told (an entry in its heap) whenever the head of a model loaded on it may have changed; stale
+entries are skipped when popped (scheduler.py). An executor whose execute lane wants work
+within ``schedule_ahead_ns`` goes in ``to_fill``, else gets a timer for when it will (one live
+timer each: arming one replaces the last). A model with queued requests and no copy (nor
+reserved LOAD) goes in ``cold``; ``placement_dirty`` is set whenever placement may have
+something to do.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _learn_execute(
     core: CoreState, executor: ExecutorState, action: Action, measured_ns: int, cold: bool
 ) -> None:
     """A back-to-back execution corrects the model's prediction; a cold start (after an idle
-    gap, tracker.py) corrects the executor's cold extra instead; a warm-up behind another
+    gap, lanes.py) corrects the executor's cold extra instead; a warm-up behind another
     (warm_up.py) corrects nothing."""
     spec, kind, batch_size = action.model.spec, executor.kind, action.batch_size
     if not cold:
