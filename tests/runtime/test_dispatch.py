@@ -26,16 +26,12 @@ INPUT = TensorSpec("input", "float32", (-1, 4))
 OUTPUT = TensorSpec("output", "float32", (-1, 4))
 
 
-class _Clock:
-    offset_ns = 0
-
-
 class FakeLink:
     """Stands in for an `ExecutorLink`: keeps each sent action and its reply callback."""
 
     def __init__(self, name: str = "e1") -> None:
         self.info = ExecutorInfo(name, "sim", "sim", KIND, ("load", "execute"), 1 << 20, 64, 64, 0)
-        self.clock = _Clock()
+        self.offset_ns = 0
         self.sent: list[tuple[Message, Callable[[Message], None]]] = []
         self.flushes = 0
 

@@ -35,7 +35,6 @@ __all__ = [
     "Requests",
     "Service",
     "ServiceError",
-    "resolve_deadline_ns",
 ]
 
 
@@ -86,8 +85,8 @@ class Requests(Protocol):
     ) -> int:
         """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
         (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
-        SLO (see `resolve_deadline_ns`). Returns the service's request id; ``on_reply`` is
-        called exactly once, possibly before this returns."""
+        SLO. Returns the request's id; ``on_reply`` is called exactly once, possibly before
+        this returns."""
         ...
 
     def cancel(self, request_id: int) -> None:
@@ -126,19 +125,3 @@ class Admin(Protocol):
 
 class Service(Requests, Admin, Protocol):
     """Both, in one object (tests' fakes)."""
-
-
-def resolve_deadline_ns(
-    slo_ns: int | None,
-    deadline_unix_ns: int | None,
-    default_slo_ns: int,
-    *,
-    now_ns: int,
-    unix_now_ns: int,
-) -> int:
-    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
-    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
-    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
-    if deadline_unix_ns is not None:
-        return now_ns + (deadline_unix_ns - unix_now_ns)
-    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)

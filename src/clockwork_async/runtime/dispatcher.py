@@ -42,7 +42,7 @@ from functools import partial
 
 import numpy as np
 
-from clockwork_async.api.service import InferOutcome, resolve_deadline_ns
+from clockwork_async.api.service import InferOutcome
 from clockwork_async.connection import ConnectionClosed
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
@@ -75,9 +75,13 @@ from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
 from clockwork_async.runtime.hop import HopEstimate
 from clockwork_async.runtime.models import RegisteredModel
-from clockwork_async.runtime.requests import ActionRecord, PendingRequest, RequestBook
-from clockwork_async.runtime.snapshot import PredictionErrors
-from clockwork_async.runtime.timers import BusyPoll, LagProbe, WakeTimer
+from clockwork_async.runtime.requests import (
+    ActionRecord,
+    PendingRequest,
+    PredictionErrors,
+    RequestBook,
+)
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
 from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
 
 log = logging.getLogger(__name__)
@@ -173,6 +177,7 @@ class Dispatcher:
         )
         self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
         self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
+        self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
         self.outcome_listeners: list[OutcomeListener] = []
@@ -218,7 +223,9 @@ class Dispatcher:
         now_ns = self._now_ns()
         request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
         self._book.add_request(request)
-        refusal = self._refusal(model, inputs)
+        nbytes = _tensor_bytes(inputs)
+        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)
             return request_id
@@ -227,11 +234,17 @@ class Dispatcher:
         self._hold(RequestArrived(request_id, model, deadline_ns))
         return request_id
 
-    def _refusal(self, model: str, inputs: Mapping[str, np.ndarray]) -> tuple[Outcome, str] | None:
+    def _refusal(
+        self, model: str, inputs: Mapping[str, np.ndarray], slo_ns: int, now_ns: int
+    ) -> tuple[Outcome, str] | None:
         """Why a request is answered at once, without the core: the server is draining, the
-        model is unknown, or its tensors do not fit the model (which the core never sees)."""
+        daemon's own loop is too far behind for it (`_loop_refusal`), the model is unknown,
+        or its tensors do not fit the model (which the core never sees)."""
         if self._state is not DispatcherState.RUNNING:
             return Outcome.SHUTTING_DOWN, "the server is shutting down"
+        overloaded = self._loop_refusal(slo_ns, now_ns)
+        if overloaded is not None:
+            return Outcome.OVERLOADED, overloaded
         served = self._models.get(model)
         if served is None:
             return Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered"
@@ -240,6 +253,24 @@ class Dispatcher:
         except BadInput as error:
             return Outcome.BAD_INPUT, str(error)
         return None
+
+    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
+        """Why the loop cannot take this request: the work booked on it before this request
+        runs past ``loop_delay_share`` of the request's time to its deadline, or past
+        ``max_loop_delay_ns`` (docs/controller.md, "The daemon as a lane"). An idle loop
+        refuses nothing: what a request cannot meet on its own is the core's to refuse."""
+        cap_ns = self.runtime.max_loop_delay_ns
+        delay_ns = self._loop.delay_ns(now_ns)
+        if not cap_ns or not delay_ns:
+            return None
+        limit_ns = min(cap_ns, int(self.runtime.loop_delay_share * max(0, slo_ns)))
+        if delay_ns <= limit_ns:
+            return None
+        return (
+            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
+            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
+            f"retry after {delay_ns / 1e6:.2f} ms"
+        )
 
     def cancel(self, request_id: int) -> None:
         """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
@@ -379,7 +410,7 @@ class Dispatcher:
             return
         link = joined.link
         action = ActionRecord.infer(command, now_ns)
-        message = self._book.infer_message(action, model.inputs, link.clock.offset_ns)
+        message = self._book.infer_message(action, model.inputs, link.offset_ns)
         if message is None:
             self._not_sent(command.executor_id, command.action_id, "its requests are gone")
             return
@@ -391,7 +422,7 @@ class Dispatcher:
             self._not_sent(command.executor_id, command.action_id, "no such executor")
         elif isinstance(command, StartLoad):
             action = ActionRecord.load(command, now_ns)
-            self._send(joined.link, action, action.load_message(joined.link.clock.offset_ns))
+            self._send(joined.link, action, action.load_message(joined.link.offset_ns))
         else:
             action = ActionRecord.unload(command, now_ns)
             self._send(joined.link, action, action.unload_message())
@@ -427,13 +458,13 @@ class Dispatcher:
         group = self._group_of(action.model)
         for listener in self.action_listeners:
             _call_quietly(listener, group, action, message)
-        self._feed(action.finished_event(message, link.clock.offset_ns))
+        self._feed(action.finished_event(message, link.offset_ns))
 
     def _note(self, link: ExecutorLink, action: ActionRecord, result: ActionResult) -> None:
         """Keep what the result tells: timings, both hops, pages, loaded models, errors."""
         action.result = result
         action.received_ns = now_ns = self._now_ns()
-        action.offset_ns = offset_ns = link.clock.offset_ns
+        action.offset_ns = offset_ns = link.offset_ns
         if result.end_ns:
             before_ns = self._return_hop.estimate_ns
             self._return_hop.add(now_ns - (result.end_ns - offset_ns), now_ns)
@@ -519,6 +550,7 @@ class Dispatcher:
     def _start(self) -> None:
         if not self._lag.running and self._state is not DispatcherState.CLOSED:
             self._lag.start()
+            self._loop.start(lambda: self._lag.last_ns)
 
     def busy_poll(self, window_ns: int) -> None:
         """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
@@ -555,6 +587,7 @@ class Dispatcher:
         self._timer.cancel()
         self._poll.cancel()
         self._lag.stop()
+        self._loop.stop()
 
     # --- reading (never runs the core) -----------------------------------------------------------
 
@@ -597,6 +630,31 @@ class Dispatcher:
 
     def timers(self) -> tuple[LagProbe, WakeTimer, BusyPoll]:
         return self._lag, self._timer, self._poll
+
+    @property
+    def loop_lane(self) -> LoopLane:
+        """The loop as a lane: its learned cost and how far behind it is (to read)."""
+        return self._loop
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
+
+
+def _tensor_bytes(inputs: Mapping[str, object]) -> int:
+    return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
 
 
 def _call_soon(callback: Callable[[], None]) -> None:

@@ -116,6 +116,9 @@ class ExecutorLink:
         self.state = LinkState.UP
         self.down_reason = ""
         self.last_rtt_ns = sync.best.rtt_ns
+        # The executor's clock minus ours (`ClockSync.offset_ns`), refreshed at each pong: a
+        # plain attribute, read for every action sent and every result.
+        self.offset_ns = sync.offset_ns
         self.on_down: Callable[[ExecutorLink, str], None] = lambda _link, _reason: None
         self._connection = connection
         self._now_ns = now_ns
@@ -265,6 +268,7 @@ class ExecutorLink:
             log.warning("executor %s: bad pong: %s", self.executor_id, error)
             return
         self.last_rtt_ns = sample.rtt_ns
+        self.offset_ns = self.clock.offset_ns
 
     async def _heartbeat(self) -> None:
         """Ping every interval; down after ``heartbeat_timeout_s`` of silence *and* at least

@@ -1,4 +1,5 @@
-"""The dispatcher's book of outstanding requests and actions, and what a caller gets back.
+"""The dispatcher's book of outstanding requests and actions, what a caller gets back, and the
+prediction errors of the INFERs it saw finish.
 
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
@@ -8,7 +9,7 @@ actions in the book.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -17,7 +18,9 @@ import numpy as np
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.core.percentile import percentile
 from clockwork_async.runtime.batching import assemble_batch, output_rows, zero_batch
+from clockwork_async.runtime.snapshot import PredictionErrorStats
 from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
 
 _WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
@@ -260,3 +263,38 @@ def _action_timing(action: ActionRecord, result: ActionResult) -> dict[str, int]
         timing["from_executor"] = action.received_ns - (result.end_ns - action.offset_ns)
     timing.update(result.durations_ns)  # execute, copy_in, copy_out as measured
     return timing
+
+
+class PredictionErrors:
+    """Accumulates prediction errors; `snapshot` summarises them."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._recent: deque[int] = deque(maxlen=window)
+        self._count = 0
+        self._total_ns = 0
+        self._under = 0
+        self._min_ns = 0
+        self._max_ns = 0
+
+    def add(self, model: str, error_ns: int) -> None:
+        del model  # kept in the signature for per-model breakdowns later
+        self._recent.append(error_ns)
+        self._min_ns = error_ns if not self._count else min(self._min_ns, error_ns)
+        self._max_ns = error_ns if not self._count else max(self._max_ns, error_ns)
+        self._count += 1
+        self._total_ns += error_ns
+        self._under += error_ns > 0
+
+    def snapshot(self) -> PredictionErrorStats:
+        if not self._count:
+            return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
+        ordered = sorted(self._recent)
+        return PredictionErrorStats(
+            count=self._count,
+            mean_ns=self._total_ns / self._count,
+            p50_ns=percentile(ordered, 50.0),
+            p99_ns=percentile(ordered, 99.0),
+            min_ns=self._min_ns,
+            max_ns=self._max_ns,
+            underpredicted=self._under,
+        )

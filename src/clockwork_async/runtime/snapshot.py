@@ -7,11 +7,9 @@ the core's counters and the executor pool).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from clockwork_async.core.percentile import percentile
 from clockwork_async.runtime.timers import LagStats, PollStats, TimerStats
 
 
@@ -75,38 +73,3 @@ class DriverSnapshot:
     core_ns_per_request: float  # time in Controller.handle, per request
     driver_ns_per_request: float  # all event handling (core and sends included), per request
     send_ns_per_request: float  # encoding and writing actions to executor sockets, per request
-
-
-class PredictionErrors:
-    """Accumulates prediction errors; `snapshot` summarises them."""
-
-    def __init__(self, window: int = 4096) -> None:
-        self._recent: deque[int] = deque(maxlen=window)
-        self._count = 0
-        self._total_ns = 0
-        self._under = 0
-        self._min_ns = 0
-        self._max_ns = 0
-
-    def add(self, model: str, error_ns: int) -> None:
-        del model  # kept in the signature for per-model breakdowns later
-        self._recent.append(error_ns)
-        self._min_ns = error_ns if not self._count else min(self._min_ns, error_ns)
-        self._max_ns = error_ns if not self._count else max(self._max_ns, error_ns)
-        self._count += 1
-        self._total_ns += error_ns
-        self._under += error_ns > 0
-
-    def snapshot(self) -> PredictionErrorStats:
-        if not self._count:
-            return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
-        ordered = sorted(self._recent)
-        return PredictionErrorStats(
-            count=self._count,
-            mean_ns=self._total_ns / self._count,
-            p50_ns=percentile(ordered, 50.0),
-            p99_ns=percentile(ordered, 99.0),
-            min_ns=self._min_ns,
-            max_ns=self._max_ns,
-            underpredicted=self._under,
-        )
