@@ -70,6 +70,7 @@ KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset(
 KNOWN_LONG_MODULES: frozenset[str] = frozenset(
     {
         # over MAX_LINES
+        "clockwork_async.bench",
         "clockwork_async.connection",
         "clockwork_async.executors.host",
         "clockwork_async.executors.main",
@@ -82,6 +83,7 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset(
         "clockwork_async.config",
         "clockwork_async.daemon",
         "clockwork_async.executors.onnxruntime",
+        "clockwork_async.metrics",
         "clockwork_async.runtime.executor_link",
         "clockwork_async.sim.engine",
         "clockwork_async.wire.codec",
