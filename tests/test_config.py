@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from clockwork_async.config import (
-    Address,
     ConfigError,
     DaemonConfig,
     LocalExecutorConfig,
@@ -20,6 +19,7 @@ from clockwork_async.config import (
     load_config,
     redacted,
 )
+from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 
 MACHINE = MachineFacts(cpus=(0, 1), memory_bytes=8 << 30)
@@ -46,8 +46,8 @@ def load(
 
 def test_defaults_are_loopback_and_machine_sized() -> None:
     config = load()
-    assert config.server.listen == Address("127.0.0.1", 7470)
-    assert config.metrics.listen == Address("127.0.0.1", 9470)
+    assert config.server.listen == TcpAddress("127.0.0.1", 7470)
+    assert config.metrics.listen == TcpAddress("127.0.0.1", 9470)
     assert config.repository.path == Path("/home/op/.local/state/clockwork-async/models")
     assert config.repository.profile_cache_dir.name == "profiles"
     assert config.repository.weights_budget_bytes == 4 << 30
@@ -246,7 +246,7 @@ name = "spare"
     assert isinstance(remote, RemoteExecutorConfig)
     assert (remote.name, remote.address, remote.token) == (
         "remote-0",
-        Address("gpu-box.lan", 7480),
+        TcpAddress("gpu-box.lan", 7480),
         TOKEN_A,
     )
     assert spare == LocalExecutorConfig(name="spare")
@@ -295,14 +295,14 @@ def test_warnings_for_exposed_listeners() -> None:
 @pytest.mark.parametrize(
     ("text", "address", "loopback"),
     [
-        ("127.0.0.1:1", Address("127.0.0.1", 1), True),
-        ("[::1]:7470", Address("::1", 7470), True),
-        ("localhost:0", Address("localhost", 0), True),
-        ("10.0.0.2:80", Address("10.0.0.2", 80), False),
-        ("node-1.example.org:9", Address("node-1.example.org", 9), False),
+        ("127.0.0.1:1", TcpAddress("127.0.0.1", 1), True),
+        ("[::1]:7470", TcpAddress("::1", 7470), True),
+        ("localhost:0", TcpAddress("localhost", 0), True),
+        ("10.0.0.2:80", TcpAddress("10.0.0.2", 80), False),
+        ("node-1.example.org:9", TcpAddress("node-1.example.org", 9), False),
     ],
 )
-def test_addresses_parse_and_print_back(text: str, address: Address, loopback: bool) -> None:
-    assert Address.parse(text) == address
+def test_addresses_parse_and_print_back(text: str, address: TcpAddress, loopback: bool) -> None:
+    assert TcpAddress.parse(text) == address
     assert str(address) == text
     assert address.is_loopback is loopback

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from clockwork_async.config_fields import (
-    Address,
     ConfigError,
     Raw,
     build_section,
@@ -31,18 +30,18 @@ from clockwork_async.config_fields import (
     ranged,
     secret,
 )
+from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 
-__all__ = ["Address", "ConfigError", "DaemonConfig", "load_config"]
+__all__ = ["ConfigError", "DaemonConfig", "TcpAddress", "load_config"]
 
 ENV_PREFIX = "CLOCKWORK_ASYNC_"
 MIN_TOKEN_CHARS = 16
 MiB = 1 << 20
 GiB = 1 << 30
-DEFAULT_SERVER_LISTEN = Address("127.0.0.1", 7470)
-DEFAULT_METRICS_LISTEN = Address("127.0.0.1", 9470)
+DEFAULT_SERVER_LISTEN = TcpAddress("127.0.0.1", 7470)
+DEFAULT_METRICS_LISTEN = TcpAddress("127.0.0.1", 9470)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
 _TOKEN = re.compile(r"^[\x21-\x7e]+\Z")  # printable ASCII, no spaces
 
 
@@ -69,7 +68,7 @@ class ServerConfig:
     whether the daemon pins itself (the controller) to one CPU and how long its loop
     busy-polls after work."""
 
-    listen: Address = DEFAULT_SERVER_LISTEN
+    listen: TcpAddress = DEFAULT_SERVER_LISTEN
     max_connections: int = ranged(4096, 1, 1_000_000)
     max_outstanding_per_connection: int = ranged(1024, 1, 1_000_000)
     max_outstanding_total: int = ranged(65536, 1, 10_000_000)
@@ -103,7 +102,7 @@ class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint (``/metrics``, ``/healthz``, ``/readyz``)."""
 
     enabled: bool = True
-    listen: Address = DEFAULT_METRICS_LISTEN
+    listen: TcpAddress = DEFAULT_METRICS_LISTEN
     instance_label_limit: int = ranged(100, 0, 100_000)
 
 
@@ -138,7 +137,7 @@ class LocalExecutorConfig:
 class RemoteExecutorConfig:
     """``[[executors]]`` with ``type = "remote"``: started elsewhere (``executor --listen``)."""
 
-    address: Address
+    address: TcpAddress
     name: str = ""
     token: str = secret()
     tls_ca_path: Path | None = None
@@ -375,9 +374,9 @@ def _executor(index: int, table: Any, source: str) -> ExecutorConfig:
     return executor
 
 
-def _remote_address(key: str, value: Any, source: str) -> Address:
+def _remote_address(key: str, value: Any, source: str) -> TcpAddress:
     try:
-        return Address.parse(value, allow_port_zero=False)
+        return TcpAddress.parse(value, allow_port_zero=False)
     except (ValueError, AttributeError, TypeError) as error:
         raise ConfigError(key, value, str(error) or "host:port", source) from None
 
@@ -469,7 +468,7 @@ def redacted(config: DaemonConfig) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Path | Address):
+    if isinstance(value, Path | TcpAddress):
         return str(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}

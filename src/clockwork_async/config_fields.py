@@ -2,15 +2,14 @@
 
 Invariants: a value reaches a dataclass only converted to its field's type hint; a value given
 as text (an environment variable or a command-line flag) is read as a TOML value unless the
-field is textual (str, Path, Address, an Enum); an unknown key, a wrong type or a value outside
-the field's ``range`` metadata raises ``ConfigError`` naming key, value, source and expectation.
+field is textual (str, Path, TcpAddress, an Enum); an unknown key, a wrong type or a value
+outside the field's ``range`` metadata raises ``ConfigError`` naming key, value, source and
+expectation.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
 import tomllib
 import types
 import typing
@@ -20,19 +19,21 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
+from clockwork_async.connection import TcpAddress
+from clockwork_async.core.config import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used: names the key, value, source and expectation."""
-
-    def __init__(self, key: str, value: object, expected: str, source: str = "") -> None:
-        where = f" (from {source})" if source else ""
-        super().__init__(f"config {key} = {value!r}{where}: expected {expected}")
-        self.key = key
-        self.value = value
-        self.expected = expected
-        self.source = source
+# ConfigError and TcpAddress are defined where the lowest layer using them can import them;
+# they are re-exported here for the config's users.
+__all__ = [
+    "ConfigError",
+    "Raw",
+    "TcpAddress",
+    "build_section",
+    "choices",
+    "parse_toml_value",
+    "ranged",
+    "secret",
+]
 
 
 def ranged(default: Any, lo: float | None = None, hi: float | None = None) -> Any:
@@ -43,52 +44,6 @@ def ranged(default: Any, lo: float | None = None, hi: float | None = None) -> An
 def secret(default: str = "") -> Any:
     """A string field that is never printed (repr, errors, ``redacted``)."""
     return field(default=default, metadata={"secret": True}, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    """A TCP ``host:port``; IPv6 hosts are written in brackets (``[::1]:7470``)."""
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str, *, allow_port_zero: bool = True) -> Address:
-        """Parse ``host:port``; raises ValueError with the reason."""
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise ValueError("host:port with a numeric port")
-        port = int(port_text)
-        if not (0 if allow_port_zero else 1) <= port <= 65535:
-            raise ValueError("a port in 1..65535" + (" (or 0 for any)" if allow_port_zero else ""))
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-            _check_ip(host, version=6)
-        elif not _is_ip(host) and not _HOSTNAME.match(host):
-            raise ValueError("a hostname, an IPv4 address or a bracketed IPv6 address")
-        return cls(host, port)
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        return _is_ip(self.host) and ipaddress.ip_address(self.host).is_loopback
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _check_ip(text: str, version: int) -> None:
-    if not _is_ip(text) or ipaddress.ip_address(text).version != version:
-        raise ValueError(f"a valid IPv{version} address")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +112,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str, is_text: bool) -> Any:
 
 
 def _is_textual(hint: Any) -> bool:
-    return hint in (str, Path, Address) or (isinstance(hint, type) and issubclass(hint, Enum))
+    return hint in (str, Path, TcpAddress) or (isinstance(hint, type) and issubclass(hint, Enum))
 
 
 def _convert(value: Any, hint: Any) -> Any:
@@ -178,7 +133,7 @@ def _convert(value: Any, hint: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError("a number")
         return float(value)
-    if hint in (Path, Address) and isinstance(value, hint):
+    if hint in (Path, TcpAddress) and isinstance(value, hint):
         return value
     if not isinstance(value, str):
         raise TypeError(_type_name(hint))
@@ -191,8 +146,8 @@ def _convert_text(text: str, hint: Any) -> Any:
         if not path.is_absolute():
             raise ValueError("an absolute path")
         return path
-    if hint is Address:
-        return Address.parse(text)
+    if hint is TcpAddress:
+        return TcpAddress.parse(text)
     if isinstance(hint, type) and issubclass(hint, Enum):
         allowed = [str(member.value) for member in hint]
         if text not in allowed:

@@ -40,6 +40,7 @@ from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import server_ssl_context
 from clockwork_async.api.server import ApiServer, ServerLimits, auth_from_config
 from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
@@ -338,7 +339,7 @@ class Daemon:
             host, port = await self.endpoint.start(listen.host, listen.port)
         except OSError as error:
             raise StartError(f"metrics endpoint on {listen}: {error}") from error
-        self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.metrics_address = str(TcpAddress(host, port))
 
     def _announce(self) -> None:
         assert self.service is not None

@@ -41,6 +41,7 @@ from clockwork_async.connection import (
     Connection,
     ConnectionClosed,
     ConnectionState,
+    TcpAddress,
     UnixAddress,
     parse_address,
     start_server,
@@ -238,7 +239,7 @@ class ApiServer:
             self._address = str(parsed)
         else:
             host, port = listener.sockets[0].getsockname()[:2]
-            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self._address = str(TcpAddress(host, port))
         return listener
 
     async def close(self, timeout_s: float | None = None) -> None:
