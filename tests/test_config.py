@@ -93,19 +93,19 @@ log_format = "json"
 [metrics]
 instance_label_limit = 7
 """
-    assert load(text, tmp_path=tmp_path).server.max_connections == 10
+    assert load(text, tmp_path=tmp_path).server.limits.max_connections == 10
     env = {
         "CLOCKWORK_ASYNC_SERVER_MAX_CONNECTIONS": "20",
         "CLOCKWORK_ASYNC_METRICS_ENABLED": "false",
     }
     config = load(text, env, {"server.max_connections": "30"}, tmp_path=tmp_path)
-    assert config.server.max_connections == 30
-    assert config.server.drain_timeout_s == 3.0
+    assert config.server.limits.max_connections == 30
+    assert config.server.limits.drain_timeout_s == 3.0
     assert config.server.log_format is LogFormat.JSON
     assert config.metrics.instance_label_limit == 7
     assert config.metrics.enabled is False
     assert config.source == str(tmp_path / "clockwork-async.toml")
-    assert load(text, env, tmp_path=tmp_path).server.max_connections == 20
+    assert load(text, env, tmp_path=tmp_path).server.limits.max_connections == 20
 
 
 def test_the_config_is_frozen() -> None:
@@ -132,8 +132,8 @@ def test_the_config_is_frozen() -> None:
         ({"server.listen": "[::1:80"}, "server.listen", "hostname"),
         ({"server.listen": "bad host:80"}, "server.listen", "hostname"),
         ({"server.listen": "[1.2.3.4]:80"}, "server.listen", "IPv6"),
-        ({"controller.window_size": "0"}, "controller", "window_size"),
-        ({"controller.policy": "lottery"}, "controller", "policy"),
+        ({"controller.window_size": "0"}, "controller.window_size", "> 0"),
+        ({"controller.policy": "lottery"}, "controller.policy", "clockwork, fifo, timeout"),
         ({"controller.schedule_ahead_ms": "3"}, "controller.schedule_ahead_ms", "a key of"),
         (
             {"server.max_outstanding_per_connection": "100", "server.max_outstanding_total": "10"},

@@ -71,7 +71,7 @@ def test_tcp_addresses_are_the_configs_addresses_and_print_as_clients_write_them
     assert address == TcpAddress.parse("[::1]:7470") == TcpAddress("::1", 7470)
     assert str(address) == "[::1]:7470" and parse_address(str(address)) == address
     assert isinstance(address, TcpAddress) and address.is_loopback
-    with pytest.raises(ValueError, match="1..65535"):
+    with pytest.raises(ValueError, match=r"1\.\.65535"):
         TcpAddress.parse("gpu-box:0", allow_port_zero=False)
 
 

@@ -15,7 +15,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import config as config_module
-from clockwork_async.config import MachineFacts, ServerConfig, load_config
+from clockwork_async.api.server import ServerLimits
+from clockwork_async.config import MachineFacts, load_config
+from clockwork_async.config_fields import section_keys
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
 from clockwork_async.model_info import ModelSettings
@@ -55,8 +57,8 @@ def test_unit_is_notify_with_watchdog_reload_and_drain_bounds() -> None:
     ]
     assert unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert unit["KillMode"] == ["mixed"]
-    assert seconds(unit["TimeoutStopSec"][0]) > ServerConfig().drain_timeout_s + 10
-    assert int(unit["LimitNOFILE"][0]) >= ServerConfig().max_connections + 1024
+    assert seconds(unit["TimeoutStopSec"][0]) > ServerLimits().drain_timeout_s + 10
+    assert int(unit["LimitNOFILE"][0]) >= ServerLimits().max_connections + 1024
     assert unit["DynamicUser"] == ["yes"] or unit.get("User") == ["clockwork"]
     assert unit["StateDirectory"] == ["clockwork-async"]
 
@@ -168,23 +170,23 @@ def test_example_config_holds_every_default() -> None:
     assert dataclasses.replace(example, source="") == defaults
 
 
-def section_keys() -> dict[str, list[str]]:
+def every_key() -> dict[str, list[str]]:
     sections = {name: cls for name, cls in config_module.SECTIONS.items()}
     sections["executors"] = config_module.LocalExecutorConfig
     sections["remote executors"] = config_module.RemoteExecutorConfig
-    return {name: [f.name for f in dataclasses.fields(cls)] for name, cls in sections.items()}
+    return {name: list(section_keys(cls)) for name, cls in sections.items()}
 
 
 def test_every_key_is_in_the_example_and_the_docs() -> None:
     example = EXAMPLE.read_text()
     docs = CONFIGURATION_DOC.read_text()
-    for section, keys in section_keys().items():
+    for section, keys in every_key().items():
         for key in keys:
             assert re.search(rf"^#? ?{key} = ", example, re.MULTILINE), (section, key)
             assert f"| `{key}` |" in docs, (section, key)
     for key in (f.name for f in dataclasses.fields(ModelSettings)):
         assert f"| `{key}` |" in docs, ("model.toml", key)
-    assert len(section_keys()["controller"]) == len(dataclasses.fields(ControllerConfig))
+    assert len(every_key()["controller"]) == len(dataclasses.fields(ControllerConfig))
 
 
 def test_every_metric_is_documented() -> None:

@@ -14,11 +14,21 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from clockwork_async.config_keys import (
+    INTERNAL,
+    PREFIX,
+    RANGE,
+    SECRET,
+    internal,
+    nested,
+    ranged,
+    secret,
+)
 from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ConfigError
 
@@ -30,20 +40,14 @@ __all__ = [
     "TcpAddress",
     "build_section",
     "choices",
+    "internal",
+    "nested",
     "parse_toml_value",
     "ranged",
     "secret",
+    "section_keys",
+    "section_values",
 ]
-
-
-def ranged(default: Any, lo: float | None = None, hi: float | None = None) -> Any:
-    """A dataclass field with an inclusive numeric range checked by the loader."""
-    return field(default=default, metadata={"range": (lo, hi)})
-
-
-def secret(default: str = "") -> Any:
-    """A string field that is never printed (repr, errors, ``redacted``)."""
-    return field(default=default, metadata={"secret": True}, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,22 +71,98 @@ def choices(items: Sequence[str]) -> str:
     return ", ".join(items)
 
 
-def build_section(cls: type[Any], section: str, raw: Mapping[str, Raw]) -> Any:
-    """Build dataclass ``cls`` from raw values; unknown keys, bad types and ranges raise."""
+FieldPath = tuple[str, ...]  # field names from the section's dataclass down to a value
+
+
+def section_keys(cls: type[Any]) -> dict[str, FieldPath]:
+    """The TOML keys of config dataclass ``cls`` (`config_keys`: every init field not
+    `internal`, and the keys of each `nested` one under its prefix), each with the path of
+    field names it sets."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    keys: dict[str, FieldPath] = {}
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.metadata.get(INTERNAL):
+            continue
+        if PREFIX in spec.metadata:
+            prefix = spec.metadata[PREFIX]
+            prefix = f"{spec.name}_" if prefix is None else prefix
+            for key, path in section_keys(hints[spec.name]).items():
+                keys[prefix + key] = (spec.name, *path)
+        else:
+            keys[spec.name] = (spec.name,)
+    return keys
+
+
+def section_values(section: Any) -> dict[str, tuple[Any, bool]]:
+    """Each key of a built section with its value and whether it is secret."""
     values = {}
+    for key, path in section_keys(type(section)).items():
+        owner = section
+        for name in path[:-1]:
+            owner = getattr(owner, name)
+        spec = next(f for f in dataclasses.fields(owner) if f.name == path[-1])
+        values[key] = (getattr(owner, path[-1]), bool(spec.metadata.get(SECRET)))
+    return values
+
+
+def build_section(cls: type[Any], section: str, raw: Mapping[str, Raw]) -> Any:
+    """Build config dataclass ``cls`` (and those `nested` in it) from the raw values of its
+    keys; an unknown key, a bad type or range, or a value the dataclass refuses raises
+    ConfigError naming ``section.key``."""
+    keys = section_keys(cls)
+    values: dict[FieldPath, Any] = {}
     for key, item in raw.items():
         name = f"{section}.{key}"
-        if key not in fields:
-            raise ConfigError(name, item.value, f"a key of [{section}]: {choices(list(fields))}")
-        values[key] = _field_value(fields[key], hints[key], item, name)
+        if key not in keys:
+            raise ConfigError(name, item.value, f"a key of [{section}]: {choices(list(keys))}")
+        spec, hint = _leaf(cls, keys[key])
+        values[keys[key]] = _field_value(spec, hint, item, name)
+    return _construct(cls, (), "", values, _Where(section, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    section: str
+    raw: Mapping[str, Raw]
+
+    def error(self, key: str, error: ConfigError) -> ConfigError:
+        """``error`` (raised by a dataclass about its field ``key``) named as the user wrote it."""
+        item = self.raw.get(key)
+        return ConfigError(
+            f"{self.section}.{key}", error.value, error.expected, item.source if item else ""
+        )
+
+
+def _leaf(cls: type[Any], path: FieldPath) -> tuple[dataclasses.Field[Any], Any]:
+    for name in path[:-1]:
+        cls = typing.get_type_hints(cls)[name]
+    spec = next(f for f in dataclasses.fields(cls) if f.name == path[-1])
+    return spec, typing.get_type_hints(cls)[path[-1]]
+
+
+def _construct(
+    cls: type[Any], at: FieldPath, prefix: str, values: Mapping[FieldPath, Any], where: _Where
+) -> Any:
+    """``cls`` at ``at`` (whose keys start with ``prefix``), from the ``values`` under it; a
+    `nested` dataclass no value reaches keeps its default."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for spec in dataclasses.fields(cls):
+        path = (*at, spec.name)
+        if path in values:
+            kwargs[spec.name] = values[path]
+        elif PREFIX in spec.metadata and any(p[: len(path)] == path for p in values):
+            inner = spec.metadata[PREFIX]
+            inner = f"{spec.name}_" if inner is None else inner
+            kwargs[spec.name] = _construct(hints[spec.name], path, prefix + inner, values, where)
     try:
-        return cls(**values)
+        return cls(**kwargs)
+    except ConfigError as error:  # the dataclass's own checks, naming its field
+        raise where.error(prefix + error.key, error) from None
     except TypeError as error:  # a required key is missing
-        raise ConfigError(section, "", f"all required keys ({error})") from None
-    except ValueError as error:  # the section's own __post_init__ validation
-        raise ConfigError(section, values, f"a valid combination ({error})") from None
+        raise ConfigError(where.section, "", f"all required keys ({error})") from None
+    except ValueError as error:  # a check that names no field
+        raise ConfigError(where.section, kwargs, f"a valid combination ({error})") from None
 
 
 def _field_value(spec: dataclasses.Field[Any], hint: Any, item: Raw, key: str) -> Any:
@@ -90,7 +170,7 @@ def _field_value(spec: dataclasses.Field[Any], hint: Any, item: Raw, key: str) -
         value = _coerce(item.value, hint, key, item.source, item.is_text)
         _check_range(spec, value, key, item.source)
     except ConfigError as error:
-        if spec.metadata.get("secret"):
+        if spec.metadata.get(SECRET):
             raise ConfigError(key, "<redacted>", error.expected, error.source) from None
         raise
     return value
@@ -162,7 +242,7 @@ def _type_name(hint: Any) -> str:
 
 
 def _check_range(spec: dataclasses.Field[Any], value: Any, key: str, source: str) -> None:
-    lo, hi = spec.metadata.get("range", (None, None))
+    lo, hi = spec.metadata.get(RANGE, (None, None))
     if lo is not None and value < lo:
         raise ConfigError(key, value, f"at least {lo}", source)
     if hi is not None and value > hi:

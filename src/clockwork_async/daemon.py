@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import server_ssl_context
-from clockwork_async.api.server import ApiServer, ServerLimits, auth_from_config
+from clockwork_async.api.server import ApiServer, auth_from_config
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
@@ -313,7 +313,7 @@ class Daemon:
         api = ApiServer(
             self.service,
             requests=self.driver.dispatcher,
-            limits=ServerLimits.from_config(server),
+            limits=server.limits,
             auth=auth_from_config(server),
         )
         self.api = api
@@ -411,7 +411,7 @@ class Daemon:
     async def _drain(self) -> None:
         """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
         the drain timeout, then answer the rest; the API server flushes their replies."""
-        drain_s = self.config.server.drain_timeout_s
+        drain_s = self.config.server.limits.drain_timeout_s
         closing = None
         if self.api is not None:
             closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))
