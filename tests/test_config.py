@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from clockwork_async import daemon_setup as setup
+from clockwork_async.api.server import ServerLimits
 from clockwork_async.config import (
+    MOVED_KEYS,
+    SECTIONS,
     ConfigError,
     DaemonConfig,
     LocalExecutorConfig,
@@ -19,8 +23,12 @@ from clockwork_async.config import (
     load_config,
     redacted,
 )
+from clockwork_async.config_fields import section_keys
 from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
+from clockwork_async.runtime.backoff import BackoffConfig
+from clockwork_async.runtime.executor_link import LinkConfig
+from clockwork_async.runtime.profiler import ProfilerConfig
 
 MACHINE = MachineFacts(cpus=(0, 1), memory_bytes=8 << 30)
 TOKEN_A = "a" * 32
@@ -306,3 +314,106 @@ def test_addresses_parse_and_print_back(text: str, address: TcpAddress, loopback
     assert TcpAddress.parse(text) == address
     assert str(address) == text
     assert address.is_loopback is loopback
+
+
+# --- one dataclass per section -----------------------------------------------------------------
+
+
+def test_each_section_is_the_dataclass_its_part_uses_with_its_defaults() -> None:
+    config = load()
+    assert config.server.limits == ServerLimits()
+    assert config.executor_link == LinkConfig()
+    assert config.executor_link.reconnect_backoff == BackoffConfig()
+    assert config.profiler == ProfilerConfig()
+    runtime = setup.runtime_config(config)
+    assert runtime.link is config.executor_link and runtime.profiler is config.profiler
+    assert setup.supervisor_config(config).backoff is config.executor_link.reconnect_backoff
+
+
+def test_keys_reach_the_runtime_dataclasses_and_nested_keys_take_their_prefix() -> None:
+    config = load(
+        overrides={
+            "server.max_connections": "7",
+            "server.flush_timeout_s": "0.5",
+            "executor_link.heartbeat_interval_ms": "50",
+            "executor_link.heartbeat_miss_limit": "1",
+            "executor_link.reconnect_backoff_max_s": "0.5",
+            "profiler.max_execute_ns": "50000000",
+        }
+    )
+    assert (config.server.limits.max_connections, config.server.limits.flush_timeout_s) == (7, 0.5)
+    link = config.executor_link
+    assert link.heartbeat_interval_s == 0.05
+    assert link.heartbeat_timeout_s == pytest.approx(0.075)  # 1.5 periods
+    assert link.reconnect_backoff == BackoffConfig(max_s=0.5)
+    assert config.profiler.max_execute_ns == 50_000_000
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (  # BackoffConfig's own check, named by the key the user wrote
+            {
+                "executor_link.reconnect_backoff_initial_s": "9",
+                "executor_link.reconnect_backoff_max_s": "1",
+            },
+            "executor_link.reconnect_backoff_max_s",
+            ">= initial_s",
+        ),
+        ({"executor_link.limits": "{}"}, "executor_link.limits", "a key of"),  # internal
+        ({"executor_link.reconnect": "1"}, "executor_link.reconnect", "a key of"),
+        ({"server.limits": "1"}, "server.limits", "a key of"),
+        ({"profiler.percentile": "90"}, "profiler.percentile", "a key of"),  # the core's
+        ({"profiler.iterations": "0"}, "profiler.iterations", "at least 1"),
+        (
+            {"controller.margin_min_ns": "9", "controller.margin_max_ns": "1"},
+            "controller.margin_max_ns",
+            ">= margin_min_ns",
+        ),
+    ],
+)
+def test_a_dataclass_refusing_a_value_is_named_by_its_key(
+    overrides: dict[str, str], key: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(overrides=overrides)
+    assert raised.value.key == key
+    assert says in raised.value.expected
+
+
+def test_the_logged_config_lists_keys_as_a_file_sets_them() -> None:
+    plain = redacted(load(overrides={"server.admin_token": TOKEN_A}))
+    assert plain["server"]["max_connections"] == 4096 and "limits" not in plain["server"]
+    assert plain["server"]["admin_token"] == "<redacted>"
+    assert plain["executor_link"]["reconnect_backoff_max_s"] == 5.0
+    assert "controller_name" not in plain["executor_link"]
+    assert plain["profiler"]["max_execute_ns"] == 1_000_000_000
+    assert plain["executors"][0]["cpus"] == [1]
+
+
+# --- moved keys ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), [(old, new) for old, (new, _) in MOVED_KEYS.items()])
+def test_a_moved_key_is_refused_from_every_source_naming_its_new_key(
+    tmp_path: Path, old: str, new: str
+) -> None:
+    section, key = old.split(".")
+    new_section, new_key = new.split(".")
+    assert key not in section_keys(SECTIONS[section])  # gone from where it was
+    assert new_key in section_keys(SECTIONS[new_section])  # a key where it went
+    variable = f"CLOCKWORK_ASYNC_{section}_{key}".upper()
+    for attempt in (
+        lambda: load(f"[{section}]\n{key} = 1\n", tmp_path=tmp_path),
+        lambda: load(environ={variable: "1"}),
+        lambda: load(overrides={old: "1"}),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            attempt()
+        assert raised.value.key == old
+        assert f"{new} instead" in str(raised.value)
+
+
+def test_the_profiler_bound_moved_to_nanoseconds() -> None:
+    with pytest.raises(ConfigError, match=r"profiler\.max_execute_ns instead.*1000000000"):
+        load(overrides={"repository.max_profile_execute_ms": "1000.0"})
