@@ -3,9 +3,12 @@
 Invariants: a ``DaemonConfig`` only exists validated (``load_config`` is the one way to make one
 from outside input), it is frozen and passed down, and nothing below the CLI reads the
 environment or the file again. Every bad value raises ``ConfigError`` naming the key, the value,
-where it came from and what was expected. Sections are dataclasses mapped generically from their
-tables (``dataclasses.fields`` + type hints), so a new field needs no parsing code; numeric
-ranges live beside the field as metadata. Units are in key names (``_ms``, ``_s``, ``_bytes``).
+where it came from and what was expected. Each section is the dataclass its part uses
+(``SECTIONS``: `ServerLimits` inside `ServerConfig`, `LinkConfig`, `ProfilerConfig`,
+`ControllerConfig` ...), mapped generically from its table (`config_keys` says which fields are
+keys), so a new field needs no parsing code, and each default and range is written once, beside
+its field. Units are in key names (``_ns``, ``_ms``, ``_s``, ``_bytes``), the same on both sides.
+A key that moved (``MOVED_KEYS``) is refused, from any source, naming where it went.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Invariants: a value reaches a dataclass only converted to its field's type hint;
 as text (an environment variable or a command-line flag) is read as a TOML value unless the
 field is textual (str, Path, TcpAddress, an Enum); an unknown key, a wrong type or a value
 outside the field's ``range`` metadata raises ``ConfigError`` naming key, value, source and
-expectation.
+expectation, and so does a value the dataclass's own checks refuse (its ConfigError's field is
+renamed to the key the user wrote, ``section.prefix+field``). Which fields are keys, and under
+which names, is declared by the dataclasses themselves (`config_keys`).
 """
 
 from __future__ import annotations

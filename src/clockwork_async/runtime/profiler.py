@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from clockwork_async.config_keys import internal, ranged
-from clockwork_async.core.config import ConfigError
+from clockwork_async.core.config import ConfigError, ControllerConfig
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.runtime.batching import zero_batch
 from clockwork_async.wire.messages import (
@@ -40,6 +40,7 @@ from clockwork_async.wire.messages import (
 
 MS_NS = 1_000_000
 PROFILE_FORMAT_VERSION = 1
+CORE_PERCENTILE = ControllerConfig().percentile  # the core's default, not a second one
 
 
 class ProfilingError(RuntimeError):
@@ -56,7 +57,7 @@ class ProfilerConfig:
     load_iterations: int = ranged(2, 1, 1000)  # measured LOADs
     max_execute_ns: int = ranged(1_000 * MS_NS, 1_000, 600_000 * MS_NS)  # slower: not offered
     window_ns: int = ranged(30_000 * MS_NS, MS_NS, 3_600_000 * MS_NS)  # an action's wait, at most
-    percentile: float = internal(99.0)  # as the core's predictions (docs/controller.md)
+    percentile: float = internal(CORE_PERCENTILE)  # as the core predicts (docs/controller.md)
 
     def __post_init__(self) -> None:
         if self.iterations < 1 or self.load_iterations < 1:
