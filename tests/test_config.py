@@ -23,7 +23,8 @@ from clockwork_async.config import (
     load_config,
     redacted,
 )
-from clockwork_async.config_fields import section_keys
+from clockwork_async.config_fields import Raw, build_section, section_keys
+from clockwork_async.config_keys import internal, nested, ranged
 from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.runtime.backoff import BackoffConfig
@@ -417,3 +418,37 @@ def test_a_moved_key_is_refused_from_every_source_naming_its_new_key(
 def test_the_profiler_bound_moved_to_nanoseconds() -> None:
     with pytest.raises(ConfigError, match=r"profiler\.max_execute_ns instead.*1000000000"):
         load(overrides={"repository.max_profile_execute_ms": "1000.0"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+    size_bytes: int = ranged(1, 1, 10)
+    shared: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer:
+    inner: _Inner = nested(_Inner)
+    flat: _Inner = nested(_Inner, prefix="flat_")
+    note: str = internal("code only")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Clashing:
+    shared: int = 0
+    inner: _Inner = nested(_Inner, prefix="")
+
+
+def test_the_key_rule_prefixes_nested_fields_skips_internal_ones_and_refuses_clashes() -> None:
+    assert list(section_keys(_Outer)) == [
+        "inner_size_bytes",
+        "inner_shared",
+        "flat_size_bytes",
+        "flat_shared",
+    ]
+    built = build_section(_Outer, "toy", {"flat_size_bytes": Raw(3, "test")})
+    assert built == _Outer(flat=_Inner(size_bytes=3))
+    with pytest.raises(ConfigError, match="at most 10"):
+        build_section(_Outer, "toy", {"inner_size_bytes": Raw(11, "test")})
+    with pytest.raises(TypeError, match="shared"):
+        section_keys(_Clashing)

@@ -88,10 +88,16 @@ def section_keys(cls: type[Any]) -> dict[str, FieldPath]:
         if PREFIX in spec.metadata:
             prefix = spec.metadata[PREFIX]
             prefix = f"{spec.name}_" if prefix is None else prefix
-            for key, path in section_keys(hints[spec.name]).items():
-                keys[prefix + key] = (spec.name, *path)
+            inner = {
+                prefix + key: (spec.name, *path)
+                for key, path in section_keys(hints[spec.name]).items()
+            }
         else:
-            keys[spec.name] = (spec.name,)
+            inner = {spec.name: (spec.name,)}
+        clash = keys.keys() & inner.keys()
+        if clash:  # a nested dataclass's key would hide another: a mistake in the code
+            raise TypeError(f"{cls.__name__}: keys {sorted(clash)} are declared twice")
+        keys.update(inner)
     return keys
 
 
