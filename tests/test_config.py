@@ -358,8 +358,8 @@ def test_keys_reach_the_runtime_dataclasses_and_nested_keys_take_their_prefix() 
                 "executor_link.reconnect_backoff_initial_s": "9",
                 "executor_link.reconnect_backoff_max_s": "1",
             },
-            "executor_link.reconnect_backoff_max_s",
-            ">= initial_s",
+            "executor_link.reconnect_backoff_initial_s",
+            "0 .. max_s (1.0)",
         ),
         ({"executor_link.limits": "{}"}, "executor_link.limits", "a key of"),  # internal
         ({"executor_link.reconnect": "1"}, "executor_link.reconnect", "a key of"),

@@ -24,10 +24,8 @@ class BackoffConfig:
     healthy_s: float = ranged(10.0, 0.0, 86_400.0)  # up this long: the next failure is a first
 
     def __post_init__(self) -> None:
-        if self.initial_s < 0:
-            raise ConfigError("initial_s", self.initial_s, ">= 0")
-        if self.max_s < self.initial_s:
-            raise ConfigError("max_s", self.max_s, f">= initial_s ({self.initial_s})")
+        if not 0 <= self.initial_s <= self.max_s:
+            raise ConfigError("initial_s", self.initial_s, f"0 .. max_s ({self.max_s})")
         if self.factor < 1.0:
             raise ConfigError("factor", self.factor, ">= 1")
         if self.healthy_s < 0:
