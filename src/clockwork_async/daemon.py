@@ -278,6 +278,8 @@ class Daemon:
             raise StartError(f"executors: {error}") from error
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
+        for name in supervisor.children:
+            self.metrics.track_executor(name)
         reconnect = supervisor.on_ready
 
         def on_ready(name: str, address: str) -> None:
