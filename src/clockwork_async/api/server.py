@@ -47,7 +47,6 @@ from clockwork_async.connection import (
     parse_address,
     start_server,
 )
-from clockwork_async.core.config import ConfigError
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -89,14 +88,15 @@ class ServerLimits:
     def __post_init__(self) -> None:
         counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")
         uploads = ("max_uploads_in_flight", "max_upload_bytes_in_flight")
-        for name in (*counts, *uploads, "max_write_buffer_bytes", "max_outstanding_total"):
+        # ValueError, not the config's ConfigError (core/config.py): the API imports nothing of
+        # the core but its outcomes. The loader's ranges are narrower, so these never name a key.
+        for name in (*counts, *uploads, "max_write_buffer_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(name, getattr(self, name), ">= 1")
-        if not 1 <= self.max_frame_bytes < 1 << 32:
-            raise ConfigError("max_frame_bytes", self.max_frame_bytes, "1 .. 4 GiB - 1")
-        for name in ("hello_timeout_s", "drain_timeout_s", "flush_timeout_s"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, getattr(self, name), ">= 0")
+                raise ValueError(f"ServerLimits.{name} must be >= 1")
+        if self.max_outstanding_total < 1 or not 1 <= self.max_frame_bytes < 1 << 32:
+            raise ValueError("ServerLimits: max_outstanding_total >= 1, max_frame_bytes < 4 GiB")
+        if min(self.hello_timeout_s, self.drain_timeout_s, self.flush_timeout_s) < 0:
+            raise ValueError("ServerLimits timeouts must be >= 0")
 
     def wire_limits(self) -> Limits:
         """The codec limits of a client connection: the default ones, with the frame tail
