@@ -84,11 +84,8 @@ def module_name(path: Path) -> str:
 def wanted() -> bool:
     """Whether this build tries to compile (before knowing whether it can)."""
     chosen = mode()
-    if chosen == "off":
-        return False
-    if chosen == "auto" and editable():
-        return False  # development stays pure unless asked
-    return True
+    # Development (editable) stays pure unless asked.
+    return chosen == "on" or (chosen == "auto" and not editable())
 
 
 def compiler_problem(command: build_ext) -> str | None:
@@ -115,9 +112,7 @@ def compiler_problem(command: build_ext) -> str | None:
 
 
 def source_digests(sources: list[Path]) -> dict[str, str]:
-    return {
-        module_name(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in sources
-    }
+    return {module_name(path): hashlib.sha256(path.read_bytes()).hexdigest() for path in sources}
 
 
 class BuildCompiledCore(build_ext):

@@ -35,7 +35,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
 
 
 def _usage() -> str:
-    lines = ["usage: clockwork-async VERB [options]", "", "verbs:"]
+    lines = ["usage: clockwork-async VERB [options] | --version", "", "verbs:"]
     lines += [f"  {verb:<12} {help_}" for verb, (_, _, help_) in VERBS.items()]
     lines += ["", "`clockwork-async VERB --help` for a verb's options."]
     return "\n".join(lines)
@@ -43,6 +43,11 @@ def _usage() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--version"]:
+        from clockwork_async.build import describe
+
+        print(describe())
+        return 0
     if not args or args[0] in {"-h", "--help"}:
         print(_usage())
         return 0 if args else 2

@@ -13,16 +13,15 @@ are counters that the controller core keeps itself (cold starts), so there is on
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.process_collector import ProcessCollector
 
+from clockwork_async import build
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.runtime.requests import ActionRecord
@@ -386,18 +385,13 @@ def _summed(by_group: Mapping[str, int], group: BoundedLabel) -> dict[str, int]:
     return summed
 
 
-@functools.cache
-def _version() -> str:
-    try:
-        version = metadata.version("clockwork-async")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
-    return version
-
-
 def _build_info() -> Metric:
-    info = GaugeMetricFamily("clockwork_build_info", "Always 1; the version.", labels=["version"])
-    info.add_metric([_version()], 1)
+    info = GaugeMetricFamily(
+        "clockwork_build_info",
+        "Always 1; the version, and whether the core is compiled (mypyc) or pure Python.",
+        labels=["version", "core"],
+    )
+    info.add_metric([build.version(), build.core_label()], 1)
     return info
 
 

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from clockwork_async import build
 from clockwork_async.api.service import Health, ServiceError
 from clockwork_async.metrics import Metrics
 from clockwork_async.profile_cache import ProfileCache
@@ -114,6 +115,7 @@ class DaemonService:
         snapshot = dataclasses.asdict(self._driver.snapshot())
         snapshot["daemon"] = dict(self.extra_stats())
         snapshot["folders"] = sorted(self._served)
+        snapshot["build"] = {"version": build.version(), "core": build.core_label()}
         return snapshot
 
     def health(self) -> Health:
