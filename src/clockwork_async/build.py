@@ -25,6 +25,7 @@ import importlib.machinery
 import importlib.util
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from functools import cache
@@ -34,10 +35,11 @@ from types import ModuleType
 
 PACKAGE = "clockwork_async"
 MANIFEST = "_compiled.json"
+PURE_VARIABLE = "CLOCKWORK_ASYNC_PURE"  # "1": load every module from source (side by side runs)
 PROBE_MODULE = f"{PACKAGE}.core.controller"  # compiled in every compiled build
 _HERE = Path(__file__).resolve().parent
 _LOG = logging.getLogger(f"{PACKAGE}.build")
-_stale: list[str] = []  # modules whose compiled form was refused, for `describe`
+_refused: list[str] = []  # why compiled modules were not used, for `describe`
 
 
 class _FromSource(importlib.abc.MetaPathFinder):
@@ -94,18 +96,28 @@ def stale_modules(root: Path = _HERE) -> dict[str, Path]:
 
 
 def guard_stale_modules(root: Path = _HERE) -> None:
-    """If any compiled module is stale, load every compiled module from its source."""
-    stale = stale_modules(root)
+    """If any compiled module is stale (or ``CLOCKWORK_ASYNC_PURE=1``), load every compiled
+    module from its source."""
+    if os.environ.get(PURE_VARIABLE) == "1":
+        _load_from_source(root, f"{PURE_VARIABLE}=1")
+        return
+    stale = sorted(stale_modules(root))
     if not stale:
         return
-    sys.meta_path.insert(0, _FromSource(_extension_modules(root)))
-    _stale[:] = sorted(stale)
+    _load_from_source(root, f"compiled build refused: {len(stale)} module(s) stale")
     _LOG.warning(
         "clockwork-async: %d compiled module(s) do not match their source (%s); using the "
         "pure-Python modules; rebuild (docs/benchmarks.md, 'Compiled core') to compile again",
-        len(_stale),
-        ", ".join(_stale[:3]) + (", ..." if len(_stale) > 3 else ""),
+        len(stale),
+        ", ".join(stale[:3]) + (", ..." if len(stale) > 3 else ""),
     )
+
+
+def _load_from_source(root: Path, reason: str) -> None:
+    extensions = _extension_modules(root)
+    if extensions:
+        sys.meta_path.insert(0, _FromSource(extensions))
+        _refused[:] = [reason]
 
 
 def is_compiled(module: ModuleType) -> bool:
@@ -136,8 +148,8 @@ def describe() -> str:
     """One line for ``--version``: the version and which build runs."""
     if core_compiled():
         build = f"core compiled with mypyc ({len(_extension_modules(_HERE))} modules)"
-    elif _stale:
-        build = f"core pure Python (compiled build refused: {len(_stale)} module(s) stale)"
+    elif _refused:
+        build = f"core pure Python ({_refused[0]})"
     else:
         build = "core pure Python"
     return f"clockwork-async {version()} ({build})"

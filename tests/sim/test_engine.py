@@ -175,7 +175,7 @@ def test_the_drain_limit_ends_a_run_that_never_answers() -> None:
 class WrongExecutor:
     def handle(self, event: Event, now_ns: int) -> Sequence[Command]:
         if isinstance(event, RequestArrived):
-            return [StartLoad("nowhere", 1, event.model, 0, 1), Reply(event.request_id, "ok")]
+            return [StartLoad("nowhere", 1, event.model, 0, 1), Reply(event.request_id, Outcome.OK)]
         return []
 
 

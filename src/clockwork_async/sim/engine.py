@@ -50,7 +50,7 @@ from clockwork_async.core.outcomes import Outcome
 
 from .executors import LaneIndex, SimExecutor
 from .profiles import RESNET50_V100, SimProfile
-from .stats import RecordWriter, SimStats
+from .stats import RecordSink, SimStats
 from .workloads import Workload
 
 NS_PER_S = 1_000_000_000
@@ -157,8 +157,8 @@ class Simulation:
         workload: Workload,
         controller: ControllerLike,
         *,
-        request_log: RecordWriter | None = None,
-        action_log: RecordWriter | None = None,
+        request_log: RecordSink | None = None,
+        action_log: RecordSink | None = None,
         progress: TextIO | None = None,
     ) -> None:
         self.config = config

@@ -13,7 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from clockwork_async.core.outcomes import Outcome
 
@@ -128,6 +128,16 @@ def latency_summary_ms(histogram_us: Mapping[int, int]) -> dict[str, float | Non
     mean_us = sum(v * n for v, n in histogram_us.items()) / total if total else None
     summary["mean"] = None if mean_us is None else round(mean_us / 1000.0, 3)
     return summary
+
+
+class RecordSink(Protocol):
+    """Where the engine writes a log: a `RecordWriter`, or any object with these two methods
+    (benchmarks.guard collects rows in memory). A Protocol, so that the compiled engine (mypyc
+    checks class types at run time) accepts both."""
+
+    def write(self, *values: Any) -> None: ...
+
+    def close(self) -> None: ...
 
 
 class RecordWriter:

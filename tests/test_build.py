@@ -1,0 +1,154 @@
+"""The compiled build (issue 28): stale compiled modules are refused, the running build is
+reported, and the compiled core decides exactly what the pure one does.
+
+The comparison runs the guard's scenarios (shortened) twice from one compiled install: once
+compiled, once with ``CLOCKWORK_ASYNC_PURE=1`` (the same ``.py`` files, loaded as source), and
+compares the digests of every request's outcome, batch size and executor. It needs a compiled
+build: the running one, or the folder named by ``CLOCKWORK_ASYNC_COMPILED`` (a
+``pip install --target`` of a compiled wheel; .ci/run makes one); else it skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import clockwork_async
+from clockwork_async import build
+from clockwork_async.cli import main
+from clockwork_async.metrics import _build_info
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED_VARIABLE = "CLOCKWORK_ASYNC_COMPILED"
+SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
+
+
+# --- stale compiled modules ----------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A package ``fakepkg`` with ``sub/mod.py`` and a bogus extension ``sub/mod*.so`` beside
+    it: importing the extension fails, so a test sees which one was loaded."""
+    package = tmp_path / "fakepkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "mod.py").write_text("ANSWER = 42\n")
+    (package / "sub" / f"mod{SUFFIX}").write_bytes(b"not an ELF file")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setattr(build, "_refused", [])
+    yield package
+    for name in [name for name in sys.modules if name.startswith("fakepkg")]:
+        del sys.modules[name]
+
+
+def record(package: Path, source: bytes) -> None:
+    digest = hashlib.sha256(source).hexdigest()
+    (package / build.MANIFEST).write_text(json.dumps({"modules": {"fakepkg.sub.mod": digest}}))
+
+
+def test_a_compiled_module_whose_source_changed_is_stale(fake_package: Path) -> None:
+    record(fake_package, b"ANSWER = 41\n")
+    assert build.stale_modules(fake_package) == {"fakepkg.sub.mod": fake_package / "sub/mod.py"}
+    record(fake_package, (fake_package / "sub" / "mod.py").read_bytes())
+    assert build.stale_modules(fake_package) == {}
+
+
+def test_an_unrecorded_compiled_module_is_stale(fake_package: Path) -> None:
+    assert list(build.stale_modules(fake_package)) == ["fakepkg.sub.mod"]
+
+
+def test_a_stale_build_loads_every_module_from_source(fake_package: Path) -> None:
+    with pytest.raises(ImportError):  # the bogus extension is what Python picks by default
+        importlib.import_module("fakepkg.sub.mod")
+    build.guard_stale_modules(fake_package)
+    module = importlib.import_module("fakepkg.sub.mod")
+    assert module.ANSWER == 42 and not build.is_compiled(module)
+
+
+def test_a_fresh_build_is_left_alone(fake_package: Path) -> None:
+    record(fake_package, (fake_package / "sub" / "mod.py").read_bytes())
+    before = list(sys.meta_path)
+    build.guard_stale_modules(fake_package)
+    assert sys.meta_path == before
+
+
+# --- the running build is visible ----------------------------------------------------------
+
+
+def test_version_names_the_build(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith(f"clockwork-async {build.version()} (core ")
+    assert ("compiled with mypyc" in line) == build.core_compiled()
+
+
+def test_build_info_metric_has_the_core_label() -> None:
+    (sample,) = _build_info().samples
+    assert sample.labels == {"version": build.version(), "core": build.core_label()}
+    assert build.core_label() in {"compiled", "pure"}
+
+
+# --- pure and compiled decide the same -----------------------------------------------------
+
+COMPARE = """
+import dataclasses, json
+from benchmarks import guard
+from clockwork_async import build
+chosen = {"overload-2x": 3.0, "bursty": 4.0, "poisson-100pct": 4.0, "overload-2x-timeout": 2.0}
+digests = {}
+for scenario in guard.SCENARIOS:
+    if scenario.name in chosen:
+        short = dataclasses.replace(scenario, duration_s=chosen[scenario.name])
+        digests[scenario.name] = guard.run_scenario(short).record["digest"]
+print(json.dumps({"core": build.core_label(), "digests": digests}))
+"""
+
+
+def compiled_install() -> Path | None:
+    """A folder holding a compiled ``clockwork_async`` package, or None."""
+    named = os.environ.get(COMPILED_VARIABLE)
+    if named:
+        return Path(named)
+    if build.core_compiled():
+        return Path(clockwork_async.__file__).resolve().parents[1]
+    return None
+
+
+def simulate_with(install: Path, pure: bool) -> dict[str, object]:
+    environment = {**os.environ, "PYTHONPATH": f"{install}{os.pathsep}{ROOT}"}
+    environment[build.PURE_VARIABLE] = "1" if pure else "0"
+    done = subprocess.run(
+        [sys.executable, "-c", COMPARE],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    answer: dict[str, object] = json.loads(done.stdout)
+    return answer
+
+
+@pytest.mark.slow
+def test_compiled_and_pure_cores_decide_the_same() -> None:
+    install = compiled_install()
+    if install is None:
+        pytest.skip(f"no compiled build: not running one and {COMPILED_VARIABLE} is unset")
+    compiled = simulate_with(install, pure=False)
+    pure = simulate_with(install, pure=True)
+    assert (compiled["core"], pure["core"]) == ("compiled", "pure")
+    assert compiled["digests"] == pure["digests"]
+    assert len(pure["digests"]) == 4  # type: ignore[arg-type]
