@@ -9,9 +9,9 @@ Metadata lives in pyproject.toml; this file only decides which modules are compi
     CLOCKWORK_ASYNC_COMPILE=0 pip install .        # pure
 
 Invariants:
-- The compiled modules are the same source: every core module (globbed, so the list follows
-  the core) and the simulator modules in `SIM_COMPILED` (measured: docs/benchmarks.md,
-  "Compiled core"). Nothing else; a module that mypyc cannot handle goes in `NOT_COMPILED`.
+- The compiled modules are the same source: pyproject.toml's ``[tool.clockwork-async.mypyc]``
+  globs (every core module, so the list follows the core, and the simulator modules measured
+  to gain: docs/benchmarks.md, "Compiled core"). A module mypyc cannot handle is excluded there.
 - ``auto`` (the default) never fails an install for want of a compiler: any failure to compile
   falls back to the pure modules and says so in one line starting with ``clockwork-async
   build:`` (``pip install -v`` shows it; ``clockwork-async --version`` shows what was built).
@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 
 from setuptools import Extension, setup
@@ -39,8 +40,6 @@ from setuptools.command.build_ext import build_ext
 MODE_VARIABLE = "CLOCKWORK_ASYNC_COMPILE"
 ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "src" / "clockwork_async"
-SIM_COMPILED = ("engine", "executors", "stats", "workloads")  # measured to gain
-NOT_COMPILED: frozenset[str] = frozenset()  # core modules mypyc cannot handle (none today)
 MANIFEST = "_compiled.json"
 GROUP_NAME = "clockwork_async_compiled"  # the shared library: clockwork_async_compiled__mypyc
 PLACEHOLDER = "clockwork_async._placeholder"  # replaced by mypycify's extensions in build_ext
@@ -68,13 +67,12 @@ def editable() -> bool:
 
 
 def compiled_sources() -> list[Path]:
-    """The modules compiled: the whole core (but `NOT_COMPILED`) and `SIM_COMPILED`."""
-    core = [
-        path
-        for path in sorted((PACKAGE / "core").glob("*.py"))
-        if path.stem != "__init__" and path.stem not in NOT_COMPILED
-    ]
-    return core + [PACKAGE / "sim" / f"{name}.py" for name in SIM_COMPILED]
+    """The modules compiled: pyproject.toml's [tool.clockwork-async.mypyc] globs."""
+    settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["clockwork-async"]
+    chosen = settings["mypyc"]
+    included = {path for pattern in chosen["include"] for path in (ROOT / "src").glob(pattern)}
+    excluded = {path for pattern in chosen["exclude"] for path in (ROOT / "src").glob(pattern)}
+    return sorted(included - excluded)
 
 
 def module_name(path: Path) -> str:

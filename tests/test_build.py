@@ -10,6 +10,7 @@ build: the running one, or the folder named by ``CLOCKWORK_ASYNC_COMPILED`` (a
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
 import importlib.machinery
@@ -17,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -82,6 +84,72 @@ def test_a_fresh_build_is_left_alone(fake_package: Path) -> None:
     before = list(sys.meta_path)
     build.guard_stale_modules(fake_package)
     assert sys.meta_path == before
+
+
+# --- what is compiled can be compiled -----------------------------------------------------
+
+# Classes that subclass a compiled class, in code that runs only on the pure build.
+PURE_ONLY_SUBCLASSES = {
+    ("benchmarks/controller.py", "RecordingController"),  # records events by overriding handle
+}
+CHECKED_FOLDERS = ("src", "executors", "benchmarks", "tests/core", "tests/sim")
+
+
+def compiled_module_names() -> set[str]:
+    chosen = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["clockwork-async"]
+    paths = {p for pattern in chosen["mypyc"]["include"] for p in (ROOT / "src").glob(pattern)}
+    paths -= {p for pattern in chosen["mypyc"]["exclude"] for p in (ROOT / "src").glob(pattern)}
+    return {".".join(path.relative_to(ROOT / "src").with_suffix("").parts) for path in paths}
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    if parts[0] == "src":
+        parts = parts[1:]
+    elif parts[0] == "executors":
+        parts = ("clockwork_async", *parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(tree: ast.Module, module: str, is_package: bool) -> dict[str, str]:
+    """Local name -> module it was imported from (``from X import name``)."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                base = module.split(".")
+                base = base if is_package else base[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join([*base, source] if source else base)
+            for alias in node.names:
+                names[alias.asname or alias.name] = source
+    return names
+
+
+def subclasses_of_compiled(compiled: set[str]) -> set[tuple[str, str]]:
+    found = set()
+    for folder in CHECKED_FOLDERS:
+        for path in (ROOT / folder).rglob("*.py"):
+            module = module_of(path)
+            if module in compiled:
+                continue
+            tree = ast.parse(path.read_text())
+            names = imported_names(tree, module, path.name == "__init__.py")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef) and any(
+                    isinstance(base, ast.Name) and names.get(base.id) in compiled
+                    for base in node.bases
+                ):
+                    found.add((str(path.relative_to(ROOT)), node.name))
+    return found
+
+
+def test_no_python_class_subclasses_a_compiled_class() -> None:
+    compiled = compiled_module_names()
+    assert "clockwork_async.core.controller" in compiled
+    assert "clockwork_async.core.__init__" not in compiled
+    assert subclasses_of_compiled(compiled) == PURE_ONLY_SUBCLASSES
 
 
 # --- the running build is visible ----------------------------------------------------------
