@@ -146,6 +146,7 @@ class BuildCompiledCore(build_ext):
         return list(extensions)
 
     def run(self) -> None:
+        self._remove_earlier_outputs()
         if self._problem is not None:
             self._fall_back(self._problem)
             return
@@ -158,6 +159,17 @@ class BuildCompiledCore(build_ext):
             return
         self._write_manifest(self._sources)
         log(f"compiled {len(self._sources)} modules with mypyc")
+
+    def _remove_earlier_outputs(self) -> None:
+        """An earlier build's extensions and manifest in the build folder (setuptools reuses
+        it) must not reach this wheel: a module no longer compiled would shadow its source."""
+        if self.inplace:
+            return  # remove_compiled_leftovers' job, and the stale check's
+        build_lib = Path(self.build_lib)
+        package = build_lib / "clockwork_async"
+        earlier = [*package.rglob("*.so"), *build_lib.glob(f"{GROUP_NAME}*"), package / MANIFEST]
+        for path in earlier:
+            path.unlink(missing_ok=True)
 
     def _remove_outputs(self) -> None:
         for extension in self.extensions:
