@@ -12,6 +12,8 @@ Invariants:
   be mixed across two versions. One log line says so; `describe` reports it.
 - What is reported is what was imported: `core_compiled` asks the loaded controller module,
   not the files on disk.
+- `mypyc_attr` is mypy_extensions' class decorator for type checking and mypyc, a no-op when
+  this module runs (it is never compiled).
 - Stdlib only and cheap (a directory listing; hashing a few hundred kB only in a compiled
   build): every process imports it.
 """
@@ -32,6 +34,18 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    # mypyc reads the real decorator (its attributes change how a class is compiled); the
+    # pure build runs the no-op below and needs no mypy_extensions.
+    from mypy_extensions import mypyc_attr as mypyc_attr
+else:
+
+    def mypyc_attr(*_names: Any, **_settings: Any) -> Any:
+        """No-op at run time (see the TYPE_CHECKING import above)."""
+        return lambda cls: cls
+
 
 PACKAGE = "clockwork_async"
 MANIFEST = "_compiled.json"

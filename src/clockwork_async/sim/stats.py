@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from clockwork_async.build import mypyc_attr
 from clockwork_async.core.outcomes import Outcome
 
 US_PER_TIMELINE_BIN = 100  # timeline latency resolution: 0.1 ms
@@ -52,6 +53,7 @@ class Timeline:
         return self.intervals[index]
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # benchmarks.lib.sim.TimelineStats
 class SimStats:
     """Everything one run counted. Filled by the engine, read by `report`."""
 
