@@ -192,13 +192,18 @@ def compare_scale(install: Path, quick: bool) -> dict[str, Any]:
 COMPARISONS = {"sim": compare_sim, "overhead": compare_overhead, "scale": compare_scale}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--install", type=Path, default=os.environ.get(INSTALL_VARIABLE))
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(COMPARISONS))
     parser.add_argument("--json", type=Path)
     parser.add_argument("--sim-one", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.sim_one:
         print(json.dumps(simulate_one(args.sim_one, args.quick)))
