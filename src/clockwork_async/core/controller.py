@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from clockwork_async.build import mypyc_attr
+
 from .admission import on_abandon, on_request_arrived, on_request_cancelled
 from .config import ControllerConfig
 from .errors import InvalidEvent, TimeWentBackwards
@@ -65,6 +67,9 @@ from .state import CoreState
 from .stats import ControllerStats, ExecutorStats, executor_stats, snapshot
 
 
+# Open to Python subclasses when compiled with mypyc (tests and benchmarks wrap the real core);
+# a no-op otherwise (clockwork_async.build: stdlib only, never compiled).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Controller:
     """Makes every scheduling choice from events and predicted durations."""
 
