@@ -20,6 +20,9 @@ Invariants:
   module's source when it was built. `clockwork_async.build` refuses a compiled module whose
   ``.py`` beside it has changed since (an editable compiled build that was edited afterwards):
   then every module is loaded from its source.
+- No extension of an earlier build reaches a wheel (setuptools reuses build/: they are removed
+  from it first), and a pure editable build removes an earlier compiled editable build's files
+  from src/.
 - mypycify runs (type check + C generation, the slow part) only in build_ext, never for the
   metadata steps pip runs first.
 """
