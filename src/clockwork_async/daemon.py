@@ -37,8 +37,8 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
-from clockwork_async.api.auth import server_ssl_context
-from clockwork_async.api.server import ApiServer, auth_from_config
+from clockwork_async.api.auth import TokenAuth, server_ssl_context
+from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
@@ -316,7 +316,7 @@ class Daemon:
             self.service,
             requests=self.driver.dispatcher,
             limits=server.limits,
-            auth=auth_from_config(server),
+            auth=TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token),
         )
         self.api = api
         try:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import Admin, Requests
@@ -56,9 +56,6 @@ from clockwork_async.wire.messages import (
     Hello,
     Role,
 )
-
-if TYPE_CHECKING:
-    from clockwork_async.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +99,6 @@ class ServerLimits:
         """The codec limits of a client connection: the default ones, with the frame tail
         (all tensors of one message, or one uploaded model) at ``max_frame_bytes``."""
         return Limits(max_tail_bytes=self.max_frame_bytes)
-
-
-def auth_from_config(server: ServerConfig) -> TokenAuth:
-    """The token authentication of a ``[server]`` config section (off without tokens)."""
-    return TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token)
 
 
 class ServerState(Enum):

@@ -7,7 +7,7 @@ Invariants (the server's, per connection):
 - ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
   connection is gone, but the server's ``outstanding`` count is settled either way.
 - Nothing is read while the connection's transport asks writers to pause (slow reader).
-- An ``add_model`` holds its share of the server's upload budget (`ApiServer.admit_upload`)
+- An ``add_model`` holds its share of the server's upload budget (`SessionHost.admit_upload`)
   from acceptance until its reply, and only the model's bytes (not the message, nor its
   frame) while it waits for the service.
 - A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
@@ -23,12 +23,12 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import InferOutcome, ServiceError
+from clockwork_async.api.service import Admin, InferOutcome, Requests, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
@@ -53,13 +53,52 @@ from clockwork_async.wire.messages import (
     StatsReply,
 )
 
-if TYPE_CHECKING:
-    from clockwork_async.api.server import ApiServer
-
 log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
+
+
+class _Limits(Protocol):
+    @property
+    def max_outstanding_per_connection(self) -> int: ...
+
+    @property
+    def max_outstanding_total(self) -> int: ...
+
+
+class SessionHost(Protocol):
+    """What a session needs of the server that owns it (`api.server.ApiServer` is one): its
+    services, its limits and the counts it keeps across sessions."""
+
+    @property
+    def service(self) -> Admin: ...
+
+    @property
+    def requests(self) -> Requests: ...
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    @property
+    def accepting_requests(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    def now_ns(self) -> int: ...
+
+    def request_started(self) -> None: ...
+
+    def request_ended(self) -> None: ...
+
+    def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
+
+    def upload_ended(self, nbytes: int) -> None: ...
+
+    def track_admin(self, task: asyncio.Task[None]) -> None: ...
+
+    def snapshot(self) -> dict[str, object]: ...
 
 
 @dataclass(slots=True)
@@ -75,7 +114,7 @@ class _Pending:
 class _UploadHold:
     """One add_model's share of the server's upload budget, given back exactly once."""
 
-    server: ApiServer
+    server: SessionHost
     nbytes: int
     held: bool = True
 
@@ -91,7 +130,7 @@ class _UploadHold:
 class ApiSession:
     """Serves the requests of one connection whose hello was accepted with ``scopes``."""
 
-    def __init__(self, server: ApiServer, connection: Connection, scopes: frozenset[Scope]):
+    def __init__(self, server: SessionHost, connection: Connection, scopes: frozenset[Scope]):
         self._server = server
         self._service = server.service
         self._requests = server.requests
