@@ -98,6 +98,8 @@ class LiveSnapshot:
     client_connections: int = 0
     cold_starts: int = 0  # the core's count since start (a counter)
     warm_ups: int = 0  # the core's count of warm-up INFERs since start (a counter)
+    loop_delay_ns: int = 0  # the daemon's own booked work ahead of now (its door)
+    loop_request_ns: float = 0.0  # its learned cost of one admitted request
 
 
 SnapshotSource = Callable[[], LiveSnapshot]
@@ -363,6 +365,15 @@ def _live_families(
         ),
         "models_registered": ("Model instances registered.", snapshot.models_registered),
         "client_connections": ("Open client API connections.", snapshot.client_connections),
+        "loop_delay_seconds": (
+            "The daemon's own booked work ahead of now: past a share of a request's time to "
+            "its deadline, the door refuses it overloaded.",
+            snapshot.loop_delay_ns / NS_PER_S,
+        ),
+        "loop_request_cost_seconds": (
+            "The daemon's learned cost of one admitted request on its own loop (CPU).",
+            snapshot.loop_request_ns / NS_PER_S,
+        ),
     }
     for name, (doc, value) in totals.items():
         yield GaugeMetricFamily(f"clockwork_{name}", doc, value=value if samples else None)
