@@ -34,6 +34,16 @@ from typing import TypeVar
 
 import numpy as np
 
+from clockwork_async.lane_rules import (
+    EXECUTE_LANE,
+    LANE_OF,
+    REGISTER_LANE,
+    UNLOAD_WAIT_NS,
+    UNTIMED,
+    ActionKind,
+    LoadVerdict,
+    load_verdict,
+)
 from clockwork_async.wire.messages import (
     ActionResult,
     ErrorCode,
@@ -50,16 +60,6 @@ from clockwork_async.wire.messages import (
 )
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
-from .lane_rules import (
-    EXECUTE_LANE,
-    LANE_OF,
-    REGISTER_LANE,
-    UNLOAD_WAIT_NS,
-    UNTIMED,
-    ActionKind,
-    LoadVerdict,
-    load_verdict,
-)
 from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
 from .pages import NoPages, PageCache
 from .validation import Refused, validate_inputs, validate_window

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from .lane_rules import NEVER_NS, LaneQueue, RejectJob, RunJob, Step, WaitUntil
+from clockwork_async.lane_rules import NEVER_NS, LaneQueue, RejectJob, RunJob, Step, WaitUntil
+
 from .precise import SPIN_NS, reduce_timer_slack, run_in_background, spin_until, yield_while
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
-from clockwork_async.executors.lane_rules import NEVER_NS
 from clockwork_async.executors.lanes import Lane, LaneClosed, LaneJob, Rejection, WarmClock
 from clockwork_async.executors.precise import precise_wait_ns, precise_wait_until, yield_while
+
+from clockwork_async.lane_rules import NEVER_NS
 
 
 def _noop_job(earliest_ns: int, latest_ns: int = NEVER_NS) -> LaneJob:

@@ -19,11 +19,11 @@ from clockwork_async.executors.host import (
     ModelEntry,
     ModelState,
 )
-from clockwork_async.executors.lane_rules import UNLOAD_WAIT_NS
 from clockwork_async.executors.pages import PageCache
 from clockwork_async.executors.simulated import SimRegistered, SimulatedBackend, load_profile_file
 from clockwork_async.executors.validation import Refused, validate_inputs
 
+from clockwork_async.lane_rules import UNLOAD_WAIT_NS
 from clockwork_async.sim.profiles import TINY_SIM
 from clockwork_async.wire.messages import (
     ActionResult,

@@ -1,8 +1,9 @@
 """The executor's lane rules, pure: no threads, no clock reads, no I/O.
 
-The real executor drives these rules in real time (`lanes.Lane`, `host.ExecutorHost`) and the
-simulator on its virtual clock (`clockwork_async.sim.executors`), so virtual time follows the
-real executor's rules by construction. Invariants:
+The real executor drives these rules in real time (``executors/lanes.py``, ``executors/host.py``)
+and the simulator on its virtual clock (`clockwork_async.sim.executors`), so virtual time follows
+the real executor's rules by construction. (They live in the package, not in ``executors/``, so
+the simulator and mypy reach them without the executor.) Invariants:
 
 - Which lane: LOAD runs in the ``load`` lane; INFER and UNLOAD in the ``execute`` lane, so an
   UNLOAD never runs while an INFER of its model is running; RegisterModel/UnregisterModel in

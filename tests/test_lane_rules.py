@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from clockwork_async.executors.lane_rules import (
+
+from clockwork_async.lane_rules import (
     EXECUTE_LANE,
     LANE_OF,
     LOAD_LANE,
