@@ -35,16 +35,13 @@ Invariants:
 - Only the execute lane runs INFER, so one INFER at a time owns the IO buffer and staging.
 - UNLOAD drops the binding (and in "initializers" mode the session and its OrtValues):
   nothing can read the pages afterwards; the handle then answers NOT_LOADED.
+- Registered models and their files are kept by `model_registry` (shared by every backend):
+  a model this backend did not register is UNKNOWN_MODEL.
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
-import re
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +61,7 @@ from .arena import layout_tensors
 from .backend import BackendError, PageRun, RegisteredModel
 from .cuda_arena import CudaUnavailable, plan_pools
 from .device_ops import DeviceOps, buffer_address, open_cuda
+from .model_registry import ModelFiles, ModelRegistry
 from .onnxruntime import HostTensor, example_feeds, host_run_images, ort_error, session_options
 from .ort_binding import (
     IoLayout,
@@ -178,13 +176,11 @@ class BoundOrtBackend:
         self._load_stream = ops.new_stream()
         self._execute_stream = ops.new_stream()
         self._register_stream = ops.new_stream()
-        self._owns_work_dir = work_dir is None
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="clockwork-onnxruntime-io-"))
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        (self.work_dir / PLACEHOLDER_NAME).touch()
-        self._registered: dict[int, BoundRegistered] = {}
-        self._file_numbers = itertools.count()
-        self._lock = threading.Lock()
+        self._files = ModelFiles(
+            work_dir, prefix="clockwork-onnxruntime-io-", placeholders=(PLACEHOLDER_NAME,)
+        )
+        self.work_dir = self._files.path
+        self._registered = ModelRegistry(BoundRegistered)
 
     def device_clock_mhz(self) -> int:
         """The device's SM clock now (0 where it cannot be read)."""
@@ -240,7 +236,7 @@ class BoundOrtBackend:
         batches = ort_graph.batch_sizes(inputs + outputs, batch_sizes, path)
         _bad_input_shape(inputs, path)
         del source
-        stem = self._file_stem(name)
+        stem = self._files.stem(name)
         graph = self._optimise(path, self.work_dir / f"{stem}.optimised.onnx")
         model = self._prepare(name, graph, stem, inputs, outputs)
         try:
@@ -254,8 +250,7 @@ class BoundOrtBackend:
             for file in model.files():
                 file.unlink(missing_ok=True)
             raise
-        with self._lock:
-            self._registered[id(model)] = model
+        self._registered.add(model)
         return model
 
     def _prepare(
@@ -358,28 +353,12 @@ class BoundOrtBackend:
             f"executor has {self.io_bytes} (--io-bytes)"
         )
 
-    def _file_stem(self, name: str) -> str:
-        with self._lock:
-            number = next(self._file_numbers)
-        return f"{number:05d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}"
-
     def unregister(self, model: RegisteredModel) -> None:
         """Forget ``model``: its session, pinned images and files. Raises UNKNOWN_MODEL."""
-        registered = self._own(model)
-        with self._lock:
-            del self._registered[id(registered)]
+        registered = self._registered.remove(model)
         registered.session = None
         for file in registered.files():
             file.unlink(missing_ok=True)
-
-    def _own(self, model: RegisteredModel) -> BoundRegistered:
-        with self._lock:
-            registered = self._registered.get(id(model))
-        if registered is not model or not isinstance(registered, BoundRegistered):
-            raise BackendError(
-                ErrorCode.UNKNOWN_MODEL, f"model {model.name!r} is not registered with this backend"
-            )
-        return registered
 
     # LOAD and UNLOAD.
 
@@ -388,7 +367,7 @@ class BoundOrtBackend:
     ) -> tuple[BoundLoaded, dict[str, int]]:
         """Copy the weights into ``runs`` and bind them. Returns the loaded model and
         {"load": ns} (plus "load_gpu" on CUDA). Raises BackendError (UNKNOWN_MODEL, INTERNAL)."""
-        registered = self._own(model)
+        registered = self._registered.own(model)
         if tuple(run.count for run in runs) != registered.run_pages:
             raise BackendError(
                 ErrorCode.INTERNAL,
@@ -554,17 +533,11 @@ class BoundOrtBackend:
 
     def close(self) -> None:
         """Forget every model, delete the files this backend wrote, drop the pools."""
-        with self._lock:
-            models = list(self._registered.values())
-            self._registered.clear()
-        for model in models:
+        for model in self._registered.clear():
             model.session = None
             for file in model.files():
                 file.unlink(missing_ok=True)
-        if self._owns_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-        else:
-            (self.work_dir / PLACEHOLDER_NAME).unlink(missing_ok=True)
+        self._files.close()
         self.arena.close()
         self._io = None
         self._ops.close()
