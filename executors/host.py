@@ -1,12 +1,12 @@
-"""The executor host: the registry of models, their states, page accounting and action dispatch
-to lanes. Transport-free: `main.py` feeds it decoded actions and sends back its replies.
+"""The executor host, one idea: what each action does to the executor's models and pages, run
+in the lanes' order. It owns the model registry and the page cache and answers every action
+once. Transport-free: `controller_link.py` feeds it decoded actions and sends back its replies.
 
 Invariants:
 - Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), delivered on
   the event loop thread through ``post``; every `ActionResult` carries ``pages_free``.
-- A model moves only along ``REGISTERING -> REGISTERED -> LOADING -> LOADED -> UNLOADING ->
-  REGISTERED`` (plus ``LOADING -> REGISTERED`` when a load fails, and out of the registry from
-  ``REGISTERING`` or ``REGISTERED``); any other move raises `InvalidTransition`.
+- A model moves only as `model_entry` allows (``REGISTERING -> REGISTERED -> LOADING ->
+  LOADED -> UNLOADING -> REGISTERED`` and the failure moves); any other move raises.
 - Lanes, windows, order and when a LOAD waits for pages are the pure `lane_rules` (shared
   with the simulator): LOAD in the ``load`` lane, INFER and UNLOAD in the ``execute`` lane, an
   UNLOAD ahead of the INFERs waiting there, so an INFER ordered behind the UNLOAD of its model
@@ -27,8 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
@@ -61,6 +60,7 @@ from clockwork_async.wire.messages import (
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
 from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
+from .model_entry import ModelEntry, ModelState
 from .pages import NoPages, PageCache
 from .validation import Refused, validate_inputs, validate_window
 
@@ -71,52 +71,7 @@ Post = Callable[[Callable[[], None]], object]  # run a callable on the event loo
 ExecutorAction = RegisterModel | UnregisterModel | Load | Infer | Unload | GetState
 
 A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
-
-
-class ModelState(StrEnum):
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    LOADING = "loading"
-    LOADED = "loaded"
-    UNLOADING = "unloading"
-
-
 _S = ModelState
-_ALLOWED_MOVES: frozenset[tuple[ModelState | None, ModelState | None]] = frozenset(
-    {
-        (None, _S.REGISTERING),
-        (_S.REGISTERING, _S.REGISTERED),
-        (_S.REGISTERING, None),
-        (_S.REGISTERED, _S.LOADING),
-        (_S.LOADING, _S.LOADED),
-        (_S.LOADING, _S.REGISTERED),
-        (_S.LOADED, _S.UNLOADING),
-        (_S.UNLOADING, _S.REGISTERED),
-        (_S.UNLOADING, _S.LOADED),  # the backend failed to release: keep the pages
-        (_S.REGISTERED, None),
-    }
-)
-
-
-class InvalidTransition(RuntimeError):
-    """A model state move that the state machine forbids (a bug in the host)."""
-
-
-@dataclass(slots=True)
-class ModelEntry:
-    """One model in the registry. ``runs`` are its pages while LOADING/LOADED/UNLOADING."""
-
-    name: str
-    state: ModelState | None = None
-    registered: RegisteredModel | None = None
-    loaded: LoadedModel | None = None
-    runs: tuple[PageRun, ...] = field(default=())
-
-    def move(self, to: ModelState | None) -> None:
-        """Change state. Raises InvalidTransition for a move the state machine forbids."""
-        if (self.state, to) not in _ALLOWED_MOVES:
-            raise InvalidTransition(f"model {self.name!r}: {self.state} -> {to} is not allowed")
-        self.state = to
 
 
 class ExecutorHost:

@@ -13,12 +13,8 @@ import numpy as np
 import pytest
 from clockwork_async.executors.arena import CountingArena
 from clockwork_async.executors.backend import BackendError, LoadedModel, PageRun
-from clockwork_async.executors.host import (
-    ExecutorHost,
-    InvalidTransition,
-    ModelEntry,
-    ModelState,
-)
+from clockwork_async.executors.host import ExecutorHost
+from clockwork_async.executors.model_entry import InvalidTransition, ModelEntry, ModelState
 from clockwork_async.executors.pages import PageCache
 from clockwork_async.executors.simulated import SimRegistered, SimulatedBackend, load_profile_file
 from clockwork_async.executors.validation import Refused, validate_inputs
