@@ -52,6 +52,7 @@ import onnx
 # sorts it as first-party only because executors/ is one of its source roots.)
 import onnxruntime as ort
 
+from clockwork_async.core.percentile import percentile_of
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from . import ort_graph
@@ -188,7 +189,7 @@ def example_feeds(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.
 
 
 def _time_runs_ns(sessions: Sequence[ort.InferenceSession], feeds: Mapping[str, Any]) -> list[int]:
-    """Median run time of each session, timed alternately after warm-up runs."""
+    """Median (nearest rank) run time of each session, timed alternately after warm-up runs."""
     for session in sessions:
         for _ in range(PREPACK_WARMUP_RUNS):
             session.run(None, feeds)
@@ -198,7 +199,7 @@ def _time_runs_ns(sessions: Sequence[ort.InferenceSession], feeds: Mapping[str, 
             start_ns = time.perf_counter_ns()
             session.run(None, feeds)
             times.append(time.perf_counter_ns() - start_ns)
-    return [int(np.median(times)) for times in samples]
+    return [percentile_of(times, 50.0) for times in samples]
 
 
 def _prepack_variants(prepacking: Prepacking, packable_bytes: int) -> list[bool]:
