@@ -72,11 +72,10 @@ _REFUSAL = {
     LoadVerdict.NO_PAGES: ErrorCode.NO_PAGES,
 }
 _INDEX_OF_LANE = {LOAD_LANE: LaneIndex.LOAD, EXECUTE_LANE: LaneIndex.EXECUTE}
-_LANE_OF_COMMAND: dict[type, LaneIndex] = {
-    StartLoad: _INDEX_OF_LANE[LANE_OF[ActionKind.LOAD]],
-    StartInfer: _INDEX_OF_LANE[LANE_OF[ActionKind.INFER]],
-    StartUnload: _INDEX_OF_LANE[LANE_OF[ActionKind.UNLOAD]],
-}
+_LOAD_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.LOAD]]  # each action's lane, from the rules
+_INFER_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.INFER]]
+_UNLOAD_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.UNLOAD]]
+_UNTIMED_EARLIEST_NS, _UNTIMED_LATEST_NS = UNTIMED
 
 
 class SimLane:
@@ -91,12 +90,6 @@ class SimLane:
         self.running: tuple[StartLoad | StartInfer, int, int] | None = None  # (start, begun)
         self.blocked: tuple[StartLoad, int] | None = None  # (LOAD, start_ns): waits for pages
         self.wake_ns = -1  # a pending EV_LANE_DUE time, or -1
-
-    def push(self, command: Command) -> None:
-        if isinstance(command, StartUnload):
-            self.queue.push(command, *UNTIMED)
-        else:
-            self.queue.push(command, command.earliest_ns, command.latest_ns)
 
 
 class SimExecutor:
@@ -123,26 +116,35 @@ class SimExecutor:
         self._rng = rng or random.Random(0)
 
     def deliver(self, command: Command, now_ns: int) -> None:
-        """An action arrives from the controller at ``now_ns``."""
-        if isinstance(command, StartUnload):
+        """An action arrives from the controller at ``now_ns``: checked as the real host
+        checks on arrival, then queued in its lane."""
+        if isinstance(command, StartInfer):
+            earliest_ns, latest_ns, batch_size = (
+                command.earliest_ns,
+                command.latest_ns,
+                command.batch_size,
+            )
+            if (
+                earliest_ns > latest_ns
+                or batch_size not in self.profile.execute_ns
+                or len(command.request_ids) > batch_size
+            ):
+                self._fail(command, ErrorCode.BAD_INPUT, now_ns)
+                return
+            lane = self.lanes[_INFER_LANE]
+        elif isinstance(command, StartLoad):
+            earliest_ns, latest_ns = command.earliest_ns, command.latest_ns
+            if earliest_ns > latest_ns:
+                self._fail(command, ErrorCode.BAD_INPUT, now_ns)
+                return
+            lane = self.lanes[_LOAD_LANE]
+        else:
+            earliest_ns, latest_ns = _UNTIMED_EARLIEST_NS, _UNTIMED_LATEST_NS
             if self.models.get(command.model) is _LOADED:
                 self._unloading.add(command.model)
-        elif not self._valid(command):
-            self._fail(command, ErrorCode.BAD_INPUT, now_ns)
-            return
-        lane = self.lanes[_LANE_OF_COMMAND[type(command)]]
-        lane.push(command)
+            lane = self.lanes[_UNLOAD_LANE]
+        lane.queue.push(command, earliest_ns, latest_ns)
         self.poke(lane, now_ns)
-
-    def _valid(self, command: StartLoad | StartInfer) -> bool:
-        """The real host's checks on arrival: a window, and for INFER a batch it serves."""
-        if command.earliest_ns > command.latest_ns:
-            return False
-        if isinstance(command, StartInfer):
-            batch_size = command.batch_size
-            served = batch_size in self.profile.execute_ns
-            return served and len(command.request_ids) <= batch_size
-        return True
 
     def preload(self, model: str) -> bool:
         """Make ``model`` resident before the run starts; False when pages are short."""
@@ -188,8 +190,9 @@ class SimExecutor:
             if self.models.get(command.model) is not _LOADED:
                 self._fail(command, ErrorCode.NOT_LOADED, now_ns)
                 return
-            base_ns = self.profile.execute_ns[command.batch_size]
-            self._begin(lane, command, now_ns, now_ns, base_ns)
+            lane.running = (command, now_ns, now_ns)
+            duration_ns = self._duration(self.profile.execute_ns[command.batch_size])
+            self._schedule(now_ns + duration_ns, EV_LANE_DONE, self, lane)
         elif isinstance(command, StartLoad):
             self._start_load(lane, command, now_ns, now_ns)
         else:
@@ -204,9 +207,7 @@ class SimExecutor:
             waited_ns=now_ns - start_ns,
         )
         if verdict is _START:
-            self.pages_free -= self.profile.weights_pages
-            self.models[command.model] = _LOADING
-            self._begin(lane, command, start_ns, now_ns, self.profile.load_ns)
+            self._begin_load(lane, command, start_ns, now_ns)
         elif verdict is _WAIT:
             if lane.blocked is None:  # look again when the longest wait is over
                 self._schedule(start_ns + UNLOAD_WAIT_NS, EV_LANE_DUE, self, lane)
@@ -215,17 +216,13 @@ class SimExecutor:
             lane.blocked = None
             self._fail(command, _REFUSAL[verdict], now_ns)
 
-    def _begin(
-        self,
-        lane: SimLane,
-        command: StartLoad | StartInfer,
-        start_ns: int,
-        now_ns: int,
-        base_ns: int,
-    ) -> None:
+    def _begin_load(self, lane: SimLane, command: StartLoad, start_ns: int, now_ns: int) -> None:
+        """Take the pages and load from ``now_ns``; the lane started it at ``start_ns``."""
+        self.pages_free -= self.profile.weights_pages
+        self.models[command.model] = _LOADING
         lane.blocked = None
         lane.running = (command, start_ns, now_ns)
-        self._schedule(now_ns + self._duration(base_ns), EV_LANE_DONE, self, lane)
+        self._schedule(now_ns + self._duration(self.profile.load_ns), EV_LANE_DONE, self, lane)
 
     def _duration(self, base_ns: int) -> int:
         """The profile's duration, with seeded noise: base * max(0.5, 1 + noise * N(0, 1))."""
