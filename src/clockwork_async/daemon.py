@@ -38,8 +38,9 @@ from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import server_ssl_context
-from clockwork_async.api.server import ApiServer, ServerLimits, auth_from_config
+from clockwork_async.api.server import ApiServer, auth_from_config
 from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
@@ -277,6 +278,8 @@ class Daemon:
             raise StartError(f"executors: {error}") from error
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
+        for name in supervisor.children:
+            self.metrics.track_executor(name)
         reconnect = supervisor.on_ready
 
         def on_ready(name: str, address: str) -> None:
@@ -310,7 +313,10 @@ class Daemon:
         assert self.service is not None
         server = self.config.server
         api = ApiServer(
-            self.service, limits=ServerLimits.from_config(server), auth=auth_from_config(server)
+            self.service,
+            requests=self.driver.dispatcher,
+            limits=server.limits,
+            auth=auth_from_config(server),
         )
         self.api = api
         try:
@@ -335,7 +341,7 @@ class Daemon:
             host, port = await self.endpoint.start(listen.host, listen.port)
         except OSError as error:
             raise StartError(f"metrics endpoint on {listen}: {error}") from error
-        self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.metrics_address = str(TcpAddress(host, port))
 
     def _announce(self) -> None:
         assert self.service is not None
@@ -407,7 +413,7 @@ class Daemon:
     async def _drain(self) -> None:
         """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
         the drain timeout, then answer the rest; the API server flushes their replies."""
-        drain_s = self.config.server.drain_timeout_s
+        drain_s = self.config.server.limits.drain_timeout_s
         closing = None
         if self.api is not None:
             closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))

@@ -1,14 +1,12 @@
-"""The daemon's `Service`: the client API's view of the driver, the model repository and metrics.
+"""The daemon's `Admin` service: the client API's view of models (the repository and their
+registration on the driver), stats and health. Requests do not pass here: the client API
+sends them to the driver's dispatcher, and the metrics listen to the dispatcher's answers.
 
 Invariants:
 - A model *folder* (``ModelEntry``) is served as its instances (``NAME``, or ``NAME-0`` ..
   ``NAME-{copies-1}``); ``_served`` maps folder -> entry and ``_instances`` instance ->
   RegisteredModel, and both change only together, under ``_lock``, which serialises every
   registration change (add, remove, rescan) so two never interleave.
-- Replies are the driver's outcomes as they are (the driver never says ``ok`` past a deadline).
-- Every reply is counted in the metrics exactly once, after the caller's ``on_reply``; labels
-  come only from registered models (an unknown name counts as ``other``), so clients cannot
-  grow label sets.
 - Repository I/O runs in a worker thread; the event loop never blocks on a disk.
 - A registration that fails leaves nothing behind: instances already registered are
   unregistered, and a replaced model's old files and registration are put back.
@@ -20,14 +18,10 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import numpy as np
-
-from clockwork_async.api.service import Health, ServiceError, resolve_deadline_ns
-from clockwork_async.logs import request_extra
+from clockwork_async.api.service import Health, ServiceError
 from clockwork_async.metrics import Metrics
 from clockwork_async.profile_cache import ProfileCache
 from clockwork_async.repository import (
@@ -36,18 +30,13 @@ from clockwork_async.repository import (
     Repository,
     RepositoryError,
 )
-from clockwork_async.runtime.driver import Driver, InferOutcome, RegisteredModel
+from clockwork_async.runtime.driver import Driver, RegisteredModel
 from clockwork_async.runtime.executor_link import LinkError
 from clockwork_async.runtime.profiler import RegistrationProfile
 from clockwork_async.runtime.registration import RegistrationError
-from clockwork_async.runtime.requests import ActionRecord
-from clockwork_async.wire.messages import ActionResult, ApiCode, ModelStatus
+from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 log = logging.getLogger(__name__)
-
-NS_PER_S = 1e9
-DEFAULT_SLO_NS = 100_000_000  # for requests to a model that is not registered (rejected)
-UNKNOWN = "other"  # metric label of requests for unknown models
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +59,7 @@ class Registration:
 
 
 class DaemonService:
-    """Implements `api.service.Service` over a Driver, a Repository and Metrics."""
+    """Implements `api.service.Admin` over a Driver, a Repository and Metrics."""
 
     def __init__(
         self,
@@ -78,85 +67,17 @@ class DaemonService:
         repository: Repository,
         metrics: Metrics,
         registration: Registration,
-        *,
-        now_ns: Callable[[], int] = time.monotonic_ns,
-        unix_now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self._driver = driver
         self._repository = repository
-        self._metrics = metrics
         self._registration = registration
-        self._now_ns = now_ns
-        self._unix_now_ns = unix_now_ns
         self._served: dict[str, ModelEntry] = {}
         self._instances: dict[str, RegisteredModel] = {}
         self._lock = asyncio.Lock()
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
-        driver.action_listeners.append(self._on_action)
-
-    # --- requests ------------------------------------------------------------------------------
-
-    def submit(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        slo_ns: int | None,
-        deadline_unix_ns: int | None,
-        on_reply: Callable[[InferOutcome], None],
-    ) -> int:
-        """Hand a request to the driver with its deadline in the monotonic clock; returns the
-        driver's request id. ``on_reply`` is called exactly once."""
-        now_ns, unix_now_ns = self._now_ns(), self._unix_now_ns()
-        served = self._instances.get(model)
-        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        deadline_ns = resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=unix_now_ns
-        )
-        group = (served.group or model) if served is not None else UNKNOWN
-
-        def reply(outcome: InferOutcome) -> None:
-            try:
-                on_reply(outcome)
-            finally:
-                self._observe(model if served else UNKNOWN, group, deadline_ns, outcome)
-
-        return self._driver.submit(model, inputs, deadline_ns=deadline_ns, on_reply=reply)
-
-    def cancel(self, request_id: int) -> None:
-        self._driver.cancel(request_id)
-
-    def flush(self) -> None:
-        self._driver.flush_arrivals()
-
-    def _observe(self, model: str, group: str, deadline_ns: int, outcome: InferOutcome) -> None:
-        timing = outcome.timing_ns
-        ran = outcome.executor_id is not None
-        self._metrics.observe_reply(
-            model,
-            group,
-            outcome.outcome.value,
-            timing.get("total", 0) / NS_PER_S,
-            timing.get("queue", 0) / NS_PER_S if ran else None,
-            timing.get("execute", 0) / NS_PER_S if ran else None,
-            (deadline_ns - self._now_ns()) / NS_PER_S,
-        )
-        log.debug("answered %s", outcome.outcome.value, extra=request_extra(outcome.request_id))
-
-    def _on_action(self, action: ActionRecord, result: ActionResult) -> None:
-        """Feeds prediction errors, LOAD durations and evictions to the metrics."""
-        served = self._instances.get(action.model)
-        if not result.ok or served is None:
-            return
-        group = served.group or served.name
-        if action.kind == "infer":
-            error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
-            self._metrics.observe_prediction("infer", error_ns / NS_PER_S)
-        elif action.kind == "load":
-            self._metrics.observe_load(group, result.durations_ns.get("load", 0) / NS_PER_S)
-        elif action.kind == "unload":
-            self._metrics.observe_eviction(group)
+        driver.outcome_listeners.append(metrics.observe_outcome)
+        driver.action_listeners.append(metrics.observe_action)
 
     # --- models: queries -----------------------------------------------------------------------
 

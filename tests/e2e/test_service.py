@@ -1,15 +1,14 @@
-"""`DaemonService` over a fake driver, a real repository and real metrics, on fake clocks:
-deadline conversion, replies counted as the driver judged them, instances of ``copies``,
-profile caching and all-or-nothing registration, exactly."""
+"""`DaemonService` over a fake driver, a real repository and real metrics: the metrics listen to
+the driver's answers as they are, instances of ``copies``, profile caching and all-or-nothing
+registration, exactly. (Requests do not pass the service: tests/runtime/test_dispatch.py.)"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -47,7 +46,9 @@ class FakeDriver:
 
     refuse: set[str] = field(default_factory=set)
     registered: dict[str, RegistrationProfile | None] = field(default_factory=dict)
-    submitted: list[tuple[str, int, Callable[[InferOutcome], None]]] = field(default_factory=list)
+    outcome_listeners: list[Callable[[str, str, int, InferOutcome], None]] = field(
+        default_factory=list
+    )
     action_listeners: list[Any] = field(default_factory=list)
 
     def snapshot(self) -> Snapshot:
@@ -73,17 +74,6 @@ class FakeDriver:
     async def unregister_model(self, name: str) -> None:
         del self.registered[name]
 
-    def submit(
-        self,
-        model: str,
-        inputs: Mapping[str, np.ndarray],
-        *,
-        deadline_ns: int,
-        on_reply: Callable[[InferOutcome], None],
-    ) -> int:
-        self.submitted.append((model, deadline_ns, on_reply))
-        return len(self.submitted)
-
 
 @dataclass
 class Setup:
@@ -91,7 +81,6 @@ class Setup:
     driver: FakeDriver
     registry: CollectorRegistry
     cache: ProfileCache
-    clock_ns: list[int]
 
 
 @pytest.fixture
@@ -103,16 +92,13 @@ def setup(tmp_path: Path) -> Setup:
     registration = Registration(
         cache, lambda _entry: "test-machine", 1 << 20, lambda entry: str(entry.onnx_path)
     )
-    clock_ns = [1_000 * MS_NS]
     service = DaemonService(
         driver,  # type: ignore[arg-type]
         Repository(tmp_path / "models"),
         Metrics(registry, include_process=False),
         registration,
-        now_ns=lambda: clock_ns[0],
-        unix_now_ns=lambda: clock_ns[0] + 5_000_000 * MS_NS,  # Unix = monotonic + 5000 s
     )
-    return Setup(service, driver, registry, cache, clock_ns)
+    return Setup(service, driver, registry, cache)
 
 
 def ok_outcome(request_id: int) -> InferOutcome:
@@ -128,34 +114,18 @@ async def test_instances_share_one_profile_measured_once_then_cached(setup: Setu
     assert setup.cache.get(sha, "test-machine", RegistrationProfile.from_json) == PROFILE
 
 
-async def test_deadlines_come_from_the_slo_the_unix_deadline_or_the_model(setup: Setup) -> None:
+async def test_the_metrics_count_the_drivers_answers_as_they_are(setup: Setup) -> None:
     await setup.service.rescan()
-    now_ns = setup.clock_ns[0]
-    unix_deadline_ns = now_ns + 5_000_000 * MS_NS + 30 * MS_NS
-    for slo_ns, deadline_unix_ns in ((20 * MS_NS, None), (None, unix_deadline_ns), (None, None)):
-        setup.service.submit(
-            "tiny-0", {}, slo_ns=slo_ns, deadline_unix_ns=deadline_unix_ns, on_reply=ignore
-        )
-    deadlines_ns = [deadline_ns - now_ns for _, deadline_ns, _ in setup.driver.submitted]
-    assert deadlines_ns == [20 * MS_NS, 30 * MS_NS, 50 * MS_NS]  # the last: default_slo_ms
-
-
-async def test_the_drivers_outcomes_are_replied_and_counted_as_they_are(setup: Setup) -> None:
-    await setup.service.rescan()
-    replies: list[InferOutcome] = []
-    for _ in range(2):
-        setup.service.submit(
-            "tiny-1", {}, slo_ns=10 * MS_NS, deadline_unix_ns=None, on_reply=replies.append
-        )
-    (_, deadline_ns, in_time), (_, _, too_late) = setup.driver.submitted
-    setup.clock_ns[0] = deadline_ns
-    in_time(ok_outcome(1))
-    late = InferOutcome(2, Outcome.LATE, "the result reached the daemon late", {}, {}, "sim", 1)
-    too_late(late)  # the driver judges late (runtime/driver.py); the service passes it on
-    assert [reply.outcome for reply in replies] == [Outcome.OK, Outcome.LATE]
+    (listener,) = setup.driver.outcome_listeners
+    listener("tiny-1", "tiny", 5 * MS_NS, ok_outcome(1))
+    late = InferOutcome(2, Outcome.LATE, "after the deadline", {}, {}, "sim", 1)
+    listener("tiny-1", "tiny", -MS_NS, late)  # the core judged it late; it stays late
+    listener("other", "other", 0, InferOutcome(3, Outcome.UNKNOWN_MODEL, "", {}, {}, None, 0))
     for outcome in ("ok", "late"):
         labels = {"group": "tiny", "outcome": outcome}
         assert setup.registry.get_sample_value("clockwork_requests_total", labels) == 1.0
+    labels = {"instance": "other", "outcome": "unknown_model"}
+    assert setup.registry.get_sample_value("clockwork_instance_requests_total", labels) == 1.0
 
 
 async def test_a_failed_instance_unregisters_its_siblings(setup: Setup) -> None:
@@ -164,14 +134,6 @@ async def test_a_failed_instance_unregisters_its_siblings(setup: Setup) -> None:
     assert report.failed == ("tiny",)
     assert setup.driver.registered == {}
     assert setup.service.list_models() == []
-
-
-async def test_unknown_models_are_counted_as_other(setup: Setup) -> None:
-    setup.service.submit("made-up", {}, slo_ns=None, deadline_unix_ns=None, on_reply=ignore)
-    (_, _, reply) = setup.driver.submitted[0]
-    reply(InferOutcome(1, Outcome.UNKNOWN_MODEL, "no", {}, {"total": 1}, None, 0))
-    labels = {"instance": "other", "outcome": "unknown_model"}
-    assert setup.registry.get_sample_value("clockwork_instance_requests_total", labels) == 1.0
 
 
 async def test_removing_an_instance_name_is_refused(setup: Setup) -> None:
@@ -184,7 +146,3 @@ async def test_removing_an_instance_name_is_refused(setup: Setup) -> None:
     with pytest.raises(ServiceError) as gone:
         await setup.service.remove_model("tiny")
     assert gone.value.code == "unknown_model"
-
-
-def ignore(outcome: InferOutcome) -> None:
-    del outcome

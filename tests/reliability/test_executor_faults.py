@@ -13,16 +13,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, Outcome
+from clockwork_async.metrics import Metrics
 from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.runtime.supervisor import Supervisor
 from clockwork_async.wire.messages import ActionResult
 
 from .support import (
     EXECUTE_NS,
+    MS_NS,
     NAMED_FAILURES,
     SLOW_INFER,
     SLOW_LOAD,
@@ -137,7 +142,7 @@ async def test_hung_executor_during_infer_is_killed_restarted_and_replanned(
 ) -> None:
     profiles = write_profiles(tmp_path)
     specs = [sim_spec(name, profiles) for name in (EXECUTOR, SURVIVOR)]
-    link = {"heartbeat_interval_s": 0.05, "heartbeat_timeout_s": 0.3}
+    link = {"heartbeat_interval_ms": 50.0, "heartbeat_miss_limit": 6}
     async with supervised(specs, **link) as (supervisor, driver):
         await register(driver, SLOW_INFER)
         replies = Replies()
@@ -161,7 +166,7 @@ async def test_a_slowed_executor_answers_once_and_predictions_follow_it(tmp_path
         await register(driver, SLOW_LOAD)  # the durations it had before it slowed down
         predicted: list[tuple[int, int]] = []  # (batch size, predicted execute ns)
 
-        def on_action(action: ActionRecord, result: ActionResult) -> None:
+        def on_action(_group: str, action: ActionRecord, result: ActionResult) -> None:
             if action.kind == "infer" and result.ok:
                 predicted.append((action.batch_size, action.predicted_ns))
 
@@ -183,3 +188,49 @@ async def test_a_slowed_executor_answers_once_and_predictions_follow_it(tmp_path
         batch_size = Counter(size for size, _ in predicted).most_common(1)[0][0]
         last_ns = [ns for size, ns in predicted if size == batch_size][-1]
         assert last_ns >= 2 * EXECUTE_NS[SLOW_LOAD][batch_size]
+
+
+async def test_the_book_the_core_and_the_metrics_count_the_same_under_faults(
+    tmp_path: Path,
+) -> None:
+    profiles = write_profiles(tmp_path)
+    specs = [sim_spec(name, profiles) for name in (EXECUTOR, SURVIVOR)]
+    async with supervised(specs) as (supervisor, driver):
+        registry = CollectorRegistry()
+        metrics = Metrics(registry, include_process=False)
+        driver.outcome_listeners.append(metrics.observe_outcome)
+        driver.action_listeners.append(metrics.observe_action)
+        await register(driver, SLOW_INFER)
+        replies = Replies()
+        for value in range(6):
+            replies.submit(driver, SLOW_INFER, float(value), ROOMY_SLO_MS)
+        replies.submit(driver, "no-such-model", 0.0, ROOMY_SLO_MS)  # refused at the door
+        deadline_ns = time.monotonic_ns() + MS_NS
+        bad = driver.submit(SLOW_INFER, {}, deadline_ns=deadline_ns, on_reply=replies)
+        replies.deadlines_ns[bad] = deadline_ns  # bad_input at the door
+        await wait_until(lambda: driver.snapshot().running > 0, "an INFER to run")
+        busy = [e.executor_id for e in driver.snapshot().executors if e.outstanding_actions]
+        _signal(supervisor, signal.SIGKILL, busy[0])
+        await replies.wait_for(8, timeout_s=30.0)
+        for value in range(3):  # still queued when the drain runs out of time
+            replies.submit(driver, SLOW_INFER, float(value), ROOMY_SLO_MS)
+        await driver.drain(timeout_s=0.0)
+        await replies.wait_for(11, timeout_s=30.0)
+        replies.check_each_answered_once()
+        answered = Counter(outcome.outcome.value for outcome in replies.outcomes.values())
+        book = dict(driver.snapshot().outcomes)
+        assert book == answered
+        core = Counter({k: v for k, v in driver.dispatcher.controller.stats().outcomes.items()})
+        door = Counter({"unknown_model": 1, "bad_input": 1})
+        assert +(core + door) == Counter(book)
+        counted = {
+            (outcome, group): registry.get_sample_value(
+                "clockwork_requests_total", {"group": group, "outcome": outcome}
+            )
+            for outcome in book
+            for group in (SLOW_INFER, "other")
+        }
+        by_outcome: Counter[str] = Counter()
+        for (outcome, _group), value in counted.items():
+            by_outcome[outcome] += int(value or 0)
+        assert +by_outcome == Counter(book)

@@ -17,7 +17,7 @@ import pytest
 
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
-from clockwork_async.core.events import ActionFinished, Command, Event, Reply
+from clockwork_async.core.events import ActionFinished, Command, Event
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.runtime.driver import Driver, InferOutcome, RegistrationError
 from clockwork_async.runtime.executor_link import LinkError
@@ -240,40 +240,36 @@ async def test_queued_running_and_cold_starts_are_in_the_snapshot(driver: Driver
     assert snapshot.models[0].queued == 0 and snapshot.core_counters["cold_starts"] == 1
 
 
-class StallAfterJudging(Controller):
-    """The real core; after it judged a result, the controller's clock jumps ``stall_ns`` (as
-    when the loop stalls before the replies go out), so its ``ok`` is past the deadline by
-    the time the reply is delivered."""
+class StallBeforeJudging(Controller):
+    """The real core; when a result reaches it, the controller's clock jumps ``stall_ns`` (as
+    when the loop stalls with the result read but not handled), so the result is judged
+    after the deadline."""
 
     def __init__(self, stall_ns: int) -> None:
         super().__init__(ControllerConfig())
         self.stall_ns = stall_ns
         self.skew_ns = 0
-        self.judging = False
 
     def now_ns(self) -> int:
         return time.monotonic_ns() + self.skew_ns
 
-    def accept(self, event: Event, now_ns: int) -> None:
-        super().accept(event, now_ns)
-        self.judging = isinstance(event, ActionFinished)
-
-    def schedule(self, now_ns: int) -> list[Command]:
-        commands = super().schedule(now_ns)
-        if self.judging and any(isinstance(c, Reply) for c in commands):
+    def handle(self, event: Event, now_ns: int) -> list[Command]:
+        running = self.pending() - self.queue_depth()
+        if isinstance(event, ActionFinished) and running:  # an INFER's result, not the LOAD's
             self.skew_ns += self.stall_ns
-        return commands
+            now_ns += self.stall_ns
+        return super().handle(event, now_ns)
 
 
-async def test_an_ok_judged_in_time_but_delivered_late_is_late_everywhere(
+async def test_a_result_the_core_sees_after_the_deadline_is_late_everywhere(
     executor: ExecutorProcess,
 ) -> None:
-    core = StallAfterJudging(stall_ns=500 * MS_NS)
+    core = StallBeforeJudging(stall_ns=500 * MS_NS)
     driver = Driver(
         ControllerConfig(), now_ns=core.now_ns, runtime=quick_runtime(), controller=core
     )
     seen: list[InferOutcome] = []
-    driver.outcome_listeners.append(lambda _model, outcome: seen.append(outcome))
+    driver.outcome_listeners.append(lambda _model, _group, _slack, outcome: seen.append(outcome))
     try:
         await driver.attach_executor("sim", executor.address)
         await driver.register_model("tiny", "tiny-sim")
@@ -286,6 +282,7 @@ async def test_an_ok_judged_in_time_but_delivered_late_is_late_everywhere(
         assert outcome.outputs["output"][0, 0] == 3  # a late answer keeps its outputs
         assert [o.outcome for o in seen] == [Outcome.LATE]  # listeners (metrics) agree
         assert driver.snapshot().outcomes == {"late": 1}  # and so do the counts
+        assert core.stats().outcomes["late"] == 1  # the one judge
     finally:
         await driver.close()
 

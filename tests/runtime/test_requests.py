@@ -6,7 +6,7 @@ import numpy as np
 
 from clockwork_async.core.events import Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.hop import HopEstimate, judge
+from clockwork_async.runtime.hop import HopEstimate
 from clockwork_async.runtime.requests import (
     ActionRecord,
     InferOutcome,
@@ -126,23 +126,6 @@ def test_action_indexes_follow_the_book() -> None:
     unload.track_loaded(loaded, ActionResult(2))
     assert loaded == set()
     assert load.load_message(OFFSET_NS).earliest_ns == OFFSET_NS
-
-
-def test_answers_are_judged_by_their_delivery_against_the_true_deadline() -> None:
-    outputs = {"y": np.ones((1, 2), np.float32)}
-    ok = InferOutcome(1, Outcome.OK, "", outputs, {"total": 5}, "e", 1)
-    assert judge(ok, deadline_ns=1_000, now_ns=1_000) is ok  # at the deadline: in time
-    late = judge(ok, deadline_ns=1_000, now_ns=1_001)
-    assert late.outcome is Outcome.LATE and late.outputs is outputs
-    assert late.message == "the result reached the daemon 0.000 ms after the deadline"
-    # The core judged by the deadline moved earlier by the return hop; delivered in time: ok.
-    core_late = InferOutcome(3, Outcome.LATE, "ended after", outputs, {}, "e", 1)
-    on_time = judge(core_late, deadline_ns=1_000, now_ns=900)
-    assert on_time.outcome is Outcome.OK and on_time.message == "" and on_time.outputs is outputs
-    assert judge(core_late, deadline_ns=1_000, now_ns=1_100) is core_late
-    dropped = InferOutcome(2, Outcome.DROPPED, "no", {}, {}, None, 0)
-    assert judge(dropped, deadline_ns=1_000, now_ns=9_000) is dropped
-    assert judge(dropped, deadline_ns=1_000, now_ns=10) is dropped
 
 
 def test_the_return_hop_estimate_is_a_padded_clamped_percentile() -> None:

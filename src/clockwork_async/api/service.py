@@ -1,8 +1,11 @@
-"""What the client API server needs from the daemon: the `Service` protocol.
+"""What the client API server needs from the daemon: the `Requests` and `Admin` protocols, and
+the `InferOutcome` a request is answered with.
 
 The server (`api.server`) speaks the wire protocol and enforces connection-level policy
-(authentication, scopes, caps, backpressure); everything about serving models is behind this
-protocol, which the daemon implements (tests use a small fake).
+(authentication, scopes, caps, backpressure); everything about serving models is behind these
+protocols: the request path (`Requests`: the daemon's dispatcher) and models, stats and health
+(`Admin`: the daemon's service). Tests use one small fake for both (`Service`). Nothing here
+imports the runtime: the runtime implements these.
 
 Invariants the server relies on:
 - ``submit`` calls ``on_reply`` exactly once per call, possibly before it returns, from the
@@ -14,27 +17,38 @@ Invariants the server relies on:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from clockwork_async.runtime.requests import InferOutcome
+from clockwork_async.core.outcomes import Outcome
 from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 __all__ = [
+    "Admin",
     "ApiCode",
     "Health",
     "InferOutcome",
     "ModelStatus",
+    "Requests",
     "Service",
     "ServiceError",
-    "resolve_deadline_ns",
 ]
 
-NS_PER_MS = 1_000_000
+
+@dataclass(frozen=True, slots=True)
+class InferOutcome:
+    """What a caller gets back, exactly once per submit."""
+
+    request_id: int
+    outcome: Outcome
+    message: str
+    outputs: dict[str, np.ndarray]  # this request's rows (read-only views), for OK and LATE
+    timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
+    executor_id: str | None
+    batch_size: int
 
 
 class ServiceError(Exception):
@@ -57,8 +71,8 @@ class Health:
     reason: str = ""
 
 
-class Service(Protocol):
-    """The daemon, as the client API server sees it."""
+class Requests(Protocol):
+    """The request path, as the client API server sees it (the daemon's dispatcher)."""
 
     def submit(
         self,
@@ -71,8 +85,23 @@ class Service(Protocol):
     ) -> int:
         """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
         (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
-        SLO (see `resolve_deadline_ns`). Returns the service's request id; ``on_reply`` is
-        called exactly once, possibly before this returns."""
+        SLO. Returns the request's id; ``on_reply`` is called exactly once, possibly before
+        this returns."""
+        ...
+
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """Whether a request can be taken, from its frame's header alone (before any of its
+        ``nbytes`` of tensors are kept): None, or why it is refused ``overloaded`` (the
+        daemon's own work is too far behind for its deadline). Changes nothing."""
+        ...
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request `screen` refused ``overloaded`` with ``reason`` (counted like any
+        other answer; ``on_reply`` is called before this returns). Returns its id."""
         ...
 
     def cancel(self, request_id: int) -> None:
@@ -83,6 +112,10 @@ class Service(Protocol):
         """The requests submitted so far came in together: schedule them now (the server
         calls this when a connection has no more decoded requests)."""
         ...
+
+
+class Admin(Protocol):
+    """Models, stats and health, as the client API server sees them."""
 
     def list_models(self) -> list[ModelStatus]:
         """Every registered model."""
@@ -105,24 +138,5 @@ class Service(Protocol):
         ...
 
 
-def resolve_deadline_ns(
-    slo_ns: int | None,
-    deadline_unix_ns: int | None,
-    default_slo_ns: int,
-    *,
-    now_ns: int,
-    unix_now_ns: int,
-) -> int:
-    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
-    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
-    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
-    if deadline_unix_ns is not None:
-        return now_ns + (deadline_unix_ns - unix_now_ns)
-    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
-
-
-def slo_ms_to_ns(slo_ms: float) -> int:
-    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
-    if not math.isfinite(slo_ms) or slo_ms <= 0:
-        raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
-    return max(1, round(slo_ms * NS_PER_MS))
+class Service(Requests, Admin, Protocol):
+    """Both, in one object (tests' fakes)."""

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -27,11 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import InferOutcome, ServiceError, slo_ms_to_ns
+from clockwork_async.api.service import InferOutcome, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
-from clockwork_async.wire.codec import EncodeError, ProtocolError
+from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
+NS_PER_MS = 1_000_000
 
 
 @dataclass(slots=True)
@@ -92,6 +94,8 @@ class ApiSession:
     def __init__(self, server: ApiServer, connection: Connection, scopes: frozenset[Scope]):
         self._server = server
         self._service = server.service
+        self._requests = server.requests
+        connection.set_screen(self._screen, self._on_screened)
         self._connection = connection
         self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
@@ -132,7 +136,7 @@ class ApiSession:
             )
         handler(message)
         if not self._connection.queued_messages:
-            self._service.flush()  # this read's requests are all in: schedule them
+            self._requests.flush()  # this read's requests are all in: schedule them
         if isinstance(message, AddModel | RemoveModel):
             return self._admin_settled(message.request_id)  # its frame is not held meanwhile
         return None  # (a slow reader: dispatch stops reading while our replies back up)
@@ -140,7 +144,7 @@ class ApiSession:
     async def settle(self) -> None:
         """The peer ended its writing: return once every request it sent has had its reply
         queued (the caller then closes, flushing them), or once the connection is gone."""
-        self._service.flush()
+        self._requests.flush()
         loop = asyncio.get_running_loop()
         waits = {loop.create_task(self._idle.wait()), loop.create_task(self._wait_gone())}
         try:
@@ -156,7 +160,7 @@ class ApiSession:
         """The connection is gone: cancel what it still waits for (each once)."""
         for entry in list(self._pending.values()):
             if entry.service_id is not None and not entry.done:
-                self._service.cancel(entry.service_id)
+                self._requests.cancel(entry.service_id)
 
     # --- infer ------------------------------------------------------------------------------
 
@@ -172,7 +176,7 @@ class ApiSession:
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
         try:
-            service_id = self._service.submit(
+            service_id = self._requests.submit(
                 request.model,
                 request.inputs,
                 slo_ns=slo_ns,
@@ -189,6 +193,34 @@ class ApiSession:
             return
         if not entry.done:
             entry.service_id = service_id
+
+    def _screen(self, cls: type[Any], fields: Mapping[str, Any], nbytes: int) -> str | None:
+        """The door, from an InferRequest's header: the service says whether to keep it."""
+        if cls is not InferRequest or not self._server.accepting_requests:
+            return None
+        slo_ms = fields.get("slo_ms")
+        try:
+            slo_ns = None if slo_ms is None else slo_ms_to_ns(slo_ms)
+        except ValueError:
+            return None  # refused bad_input once decoded
+        model, deadline_unix_ns = fields.get("model", ""), fields.get("deadline_unix_ns")
+        return self._requests.screen(model, slo_ns, deadline_unix_ns, nbytes)
+
+    def _on_screened(self, screened: Screened) -> None:
+        """An InferRequest refused from its header: answered ``overloaded``, like any other
+        request (its tensors were never kept)."""
+        request_id = screened.fields["request_id"]
+        if self._busy(request_id):
+            why = f"request id {request_id} is already in flight"
+            self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
+            return
+        entry = _Pending(self._server.now_ns())
+        self._pending[request_id] = entry
+        self._idle.clear()
+        self._server.request_started()
+        on_reply = partial(self._on_outcome, request_id, entry)
+        model = screened.fields.get("model", "")
+        self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""
@@ -248,7 +280,7 @@ class ApiSession:
     def _cancel(self, request: CancelInfer) -> None:
         entry = self._pending.get(request.request_id)
         if entry is not None and entry.service_id is not None and not entry.done:
-            self._service.cancel(entry.service_id)
+            self._requests.cancel(entry.service_id)
 
     # --- models -----------------------------------------------------------------------------
 
@@ -421,3 +453,10 @@ def _is_byte_vector(array: np.ndarray) -> bool:
 
 def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> ModelsReply:
     return ModelsReply(request_id, ApiCode.OK, sentence, models)
+
+
+def slo_ms_to_ns(slo_ms: float) -> int:
+    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
+    if not math.isfinite(slo_ms) or slo_ms <= 0:
+        raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
+    return max(1, round(slo_ms * NS_PER_MS))

@@ -6,10 +6,23 @@ its event, then everything due at ``now_ns`` (timers, fills, drops, placement), 
 WakeAt when the core needs a Tick earlier than it already asked for. Invalid events raise
 InvalidEvent before any state changes.
 
-``handle`` is ``accept`` then ``schedule``. A driver holding several events of one instant
-(requests decoded from one socket read) may ``accept`` each and ``schedule`` once, so that
-arrivals seen together can share a batch; the commands of the accepts come out of that
-``schedule``, in order.
+``handle`` is ``accept`` then ``schedule``. Requests decoded from one socket read come as one
+`Arrivals` event: each is admitted, then they are scheduled once, so that arrivals seen
+together can share a batch. The runtime enters the core through ``handle`` alone.
+
+The core in layers; a module imports only from its own layer or lower ones (tests/test_layers.py
+forbids any import cycle; docs/controller.md, "Layers"):
+
+1. vocabulary: errors, outcomes, events, config, percentile, profiles, capacity, clock, models
+   (spec checks);
+2. entities: queues, lanes, entities (requests, models, executors, actions, booked batches);
+3. state: the data (CoreState), with lookups that only read it;
+4. agenda (what to look at next), feasibility, eviction, ledger;
+5. request operations: requests (answer, reject, enqueue, requeue, rebook), warm_up;
+6. plans: batching, policies (they read the state and return values: a Rejection or a Quote,
+   a Batch, Defer, Drop or Handoff);
+7. acts: admission, scheduler (carries out the plans), results, membership, placement;
+8. stats, and this controller, which holds the policy and hands it down.
 """
 
 from __future__ import annotations
@@ -17,11 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .admission import on_request_arrived, on_request_cancelled
+from .admission import on_abandon, on_request_arrived, on_request_cancelled
 from .config import ControllerConfig
 from .errors import InvalidEvent, TimeWentBackwards
 from .events import (
+    Abandon,
     ActionFinished,
+    Arrivals,
     Command,
     Event,
     ExecutorJoined,
@@ -31,6 +46,7 @@ from .events import (
     ModelUnregistered,
     RequestArrived,
     RequestCancelled,
+    ReturnHop,
     Shutdown,
     Tick,
 )
@@ -42,7 +58,7 @@ from .membership import (
     on_model_unregistered,
 )
 from .placement import place
-from .policies import make_policy
+from .policies import Policy, make_policy
 from .results import on_action_finished
 from .scheduler import emit_wake, run_due
 from .state import CoreState
@@ -54,19 +70,23 @@ class Controller:
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config if config is not None else ControllerConfig()
-        self._core = CoreState(self.config, make_policy(self.config.policy))
-        core = self._core
+        self._core = CoreState(self.config)
+        self._policy: Policy = make_policy(self.config.policy)
+        core, policy = self._core, self._policy
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
-            RequestArrived: lambda e: on_request_arrived(core, e),
+            RequestArrived: lambda e: on_request_arrived(core, policy, e),
+            Arrivals: self._on_arrivals,
             RequestCancelled: lambda e: on_request_cancelled(core, e),
-            ActionFinished: lambda e: on_action_finished(core, e),
-            ExecutorJoined: lambda e: on_executor_joined(core, e),
-            ExecutorLeft: lambda e: on_executor_left(core, e),
+            ActionFinished: lambda e: on_action_finished(core, policy, e),
+            ExecutorJoined: lambda e: on_executor_joined(core, policy, e),
+            ExecutorLeft: lambda e: on_executor_left(core, policy, e),
             ExecutorLead: lambda e: on_executor_lead(core, e),
+            ReturnHop: self._on_return_hop,
             ModelRegistered: lambda e: on_model_registered(core, e),
             ModelUnregistered: lambda e: on_model_unregistered(core, e),
             Tick: self._on_tick,
             Shutdown: self._on_shutdown,
+            Abandon: lambda e: on_abandon(core, e),
         }
 
     def handle(self, event: Event, now_ns: int) -> list[Command]:
@@ -97,7 +117,7 @@ class Controller:
         if now_ns < core.now_ns:
             raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
         core.now_ns = now_ns
-        run_due(core)
+        run_due(core, self._policy)
         if core.placement_dirty:
             place(core)
         emit_wake(core)
@@ -108,6 +128,19 @@ class Controller:
     def _on_tick(self, event: Tick) -> None:
         # Whatever timer was pending has fired (maybe a little early): ask again if needed.
         self._core.wake_pending_ns = None
+
+    def _on_arrivals(self, event: Arrivals) -> None:
+        ids = [arrival.request_id for arrival in event.requests]
+        reused = [i for i in ids if i in self._core.requests]
+        if reused or len(set(ids)) != len(ids):
+            raise InvalidEvent(f"request ids reused in {event!r}")
+        for arrival in event.requests:
+            on_request_arrived(self._core, self._policy, arrival)
+
+    def _on_return_hop(self, event: ReturnHop) -> None:
+        if event.hop_ns < 0:
+            raise InvalidEvent(f"a return hop cannot be negative: {event!r}")
+        self._core.return_hop_ns = event.hop_ns
 
     def _on_shutdown(self, event: Shutdown) -> None:
         self._core.shutting_down = True

@@ -69,6 +69,15 @@ class ExecutorLead:
 
 
 @dataclass(frozen=True, slots=True)
+class ReturnHop:
+    """The runtime's estimate of the way back changed: a result that ends on an executor
+    reaches the controller up to ``hop_ns`` later. The core plans each request that arrives
+    from now on to end that much before its deadline."""
+
+    hop_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRegistered:
     spec: ModelSpec
 
@@ -80,9 +89,21 @@ class ModelUnregistered:
 
 @dataclass(frozen=True, slots=True)
 class RequestArrived:
+    """A request arrived. ``deadline_ns`` is its true deadline (controller clock): the core
+    answers ``ok`` only when it hands out the result by then, and plans it to end by
+    ``deadline_ns`` less the return hop it was last told (`ReturnHop`)."""
+
     request_id: RequestId
     model: str
-    deadline_ns: int  # controller clock
+    deadline_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """Requests that arrived together (one socket read): each is admitted on its own, then
+    they are scheduled once, so they can share a batch."""
+
+    requests: tuple[RequestArrived, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,17 +139,29 @@ class Shutdown:
     requests are still served (or dropped) as usual."""
 
 
+@dataclass(frozen=True, slots=True)
+class Abandon:
+    """The runtime stops waiting (a drain ran out of time, or it closes): every accepted
+    request still unanswered is answered ``shutting_down`` with ``message`` now; results of
+    their actions that come later are ignored."""
+
+    message: str = "the server is shutting down"
+
+
 Event = (
     ExecutorJoined
     | ExecutorLeft
     | ExecutorLead
+    | ReturnHop
     | ModelRegistered
     | ModelUnregistered
     | RequestArrived
+    | Arrivals
     | RequestCancelled
     | ActionFinished
     | Tick
     | Shutdown
+    | Abandon
 )
 
 

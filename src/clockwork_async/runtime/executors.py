@@ -1,24 +1,51 @@
-"""The attached executors: one `LinkKeeper` and one `ExecutorRecord` each.
+"""The attached executors: one `LinkKeeper` and one `ExecutorRecord` each, owned here.
 
-Invariants: ``joined`` is called when a link is up and its executor reconciled with the
-controller's models; ``left`` exactly once for each ``joined``, when that link goes down or the
-executor is detached; a link that fails while joining was never joined and is not reported.
+The pool is an edge of the dispatcher: it keeps links connected and tells its `ExecutorEvents`
+sink (the dispatcher) when an executor joined or left; it never reads or writes the sink's
+state.
+
+Invariants: ``executor_joined`` is called when a link is up and its executor reconciled with
+the controller's models; ``executor_left`` exactly once for each join, when that link goes down
+or the executor is detached; a link that fails while joining was never joined and is not
+reported.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
+from typing import Protocol
 
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkConfig, LinkError, LinkKeeper
 from clockwork_async.runtime.registration import ModelSource, reconcile
-from clockwork_async.runtime.snapshot import ExecutorRecord
 from clockwork_async.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 DownHook = Callable[[str, str], None]  # (executor id, reason)
+
+
+class ExecutorEvents(Protocol):
+    """Where joins and leaves go (the dispatcher)."""
+
+    def executor_joined(
+        self, executor_id: str, link: ExecutorLink, loaded: tuple[str, ...]
+    ) -> None: ...
+
+    def executor_left(self, executor_id: str, reason: str) -> None: ...
+
+
+@dataclass(slots=True)
+class ExecutorRecord:
+    """One attached executor: its keeper, its joined link (None while not joined) and how
+    often its process was restarted."""
+
+    executor_id: str
+    keeper: LinkKeeper | None = None
+    link: ExecutorLink | None = None
+    restarts: int = 0
 
 
 class ExecutorPool:
@@ -30,8 +57,7 @@ class ExecutorPool:
         now_ns: Callable[[], int],
         *,
         known_models: Callable[[], Mapping[str, ModelSource]],
-        joined: Callable[[ExecutorRecord], None],
-        left: Callable[[ExecutorRecord, str], None],
+        events: ExecutorEvents,
     ) -> None:
         self.records: dict[str, ExecutorRecord] = {}
         self.on_executor_down: DownHook = lambda _id, _reason: None
@@ -39,8 +65,7 @@ class ExecutorPool:
         self._config = config
         self._now_ns = now_ns
         self._known_models = known_models
-        self._joined = joined
-        self._left = left
+        self._events = events
 
     async def attach(self, executor_id: str, address: str, *, token: str = "") -> None:
         """Connect and keep connected; returns once it joined. Raises ValueError for a
@@ -115,13 +140,12 @@ class ExecutorPool:
         loaded = await reconcile(link, self._known_models())
         if self.closed or not link.up:
             raise LinkError(f"executor {record.executor_id} went away while joining")
+        record.link = link
         info = link.info
-        record.link, record.kind = link, info.kind
-        record.pages_total, record.pages_free = info.pages_total, info.pages_free
-        record.loaded = set(loaded)
-        pages = info.pages_total
-        log.info("executor %s joined (%s, %d pages)", record.executor_id, info.kind, pages)
-        self._joined(record)
+        log.info(
+            "executor %s joined (%s, %d pages)", record.executor_id, info.kind, info.pages_total
+        )
+        self._events.executor_joined(record.executor_id, link, loaded)
 
     def _down(
         self, record: ExecutorRecord, link: ExecutorLink, reason: str, *, notify: bool = True
@@ -129,8 +153,7 @@ class ExecutorPool:
         if record.link is not link:
             return  # never joined (it failed while joining), or already reported
         record.link = None
-        record.loaded.clear()
-        self._left(record, reason)
+        self._events.executor_left(record.executor_id, reason)
         if notify:
             try:
                 self.on_executor_down(record.executor_id, reason)

@@ -3,10 +3,9 @@
 The way back: the core plans an action to *end* on its executor by a request's deadline, but
 the answer is judged when it reaches the controller: after the result's write, the executor's
 wake-up, the socket and the controller's decode (measured here at 0.2-0.5 ms on a 2-vCPU VM,
-more under load). The driver therefore hands the core each deadline moved earlier by the
-return hop's `HopEstimate`, and judges every answer against the request's true deadline when
-it is delivered: ``ok`` past it becomes ``late``; ``late`` by the core's earlier deadline but
-delivered in time is ``ok`` (`judge`).
+more under load). The dispatcher therefore tells the core the return hop's `HopEstimate`
+(`ReturnHop`), which the core subtracts from each new request's deadline when it plans; the
+core alone then judges each answer against the request's true deadline.
 
 The way there: an action sent now cannot start before the executor has read it (the rest of
 the core's handling, the encode, the socket, the executor's wake-up and decode). Each executor
@@ -29,12 +28,9 @@ only if the next actions measure it again.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from dataclasses import replace
 
-from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.requests import InferOutcome
+from clockwork_async.core.percentile import nearest_rank_index
 
 INITIAL_NS = 500_000
 FLOOR_NS = 50_000
@@ -93,19 +89,6 @@ class HopEstimate:
 
     def _update(self) -> None:
         ordered = sorted(self._samples)
-        rank = max(0, math.ceil(self._percentile / 100.0 * len(ordered)) - 1)
+        rank = nearest_rank_index(len(ordered), self._percentile)
         padded_ns = int(ordered[rank] * (1.0 + self._slack))
         self.estimate_ns = min(self._ceiling_ns, max(self._floor_ns, padded_ns))
-
-
-def judge(outcome: InferOutcome, deadline_ns: int, now_ns: int) -> InferOutcome:
-    """``outcome`` judged by when it is delivered (``now_ns``) against the request's true
-    ``deadline_ns``: ``ok`` past it becomes ``late``; ``late`` in time becomes ``ok``."""
-    in_time = now_ns <= deadline_ns
-    if outcome.outcome is Outcome.OK and not in_time:
-        late_ms = (now_ns - deadline_ns) / 1e6
-        message = f"the result reached the daemon {late_ms:.3f} ms after the deadline"
-        return replace(outcome, outcome=Outcome.LATE, message=message)
-    if outcome.outcome is Outcome.LATE and in_time and outcome.outputs:
-        return replace(outcome, outcome=Outcome.OK, message="")
-    return outcome

@@ -1,4 +1,5 @@
-"""The driver's book of outstanding requests and actions, and what a caller gets back.
+"""The dispatcher's book of outstanding requests and actions, what a caller gets back, and the
+prediction errors of the INFERs it saw finish.
 
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
@@ -8,31 +9,21 @@ actions in the book.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.core.percentile import percentile
 from clockwork_async.runtime.batching import assemble_batch, output_rows, zero_batch
+from clockwork_async.runtime.snapshot import PredictionErrorStats
 from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
 
 _WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
-
-
-@dataclass(frozen=True, slots=True)
-class InferOutcome:
-    """What a caller gets back, exactly once per submit."""
-
-    request_id: int
-    outcome: Outcome
-    message: str
-    outputs: dict[str, np.ndarray]  # this request's rows (read-only views), for OK and LATE
-    timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
-    executor_id: str | None
-    batch_size: int
 
 
 @dataclass(slots=True)
@@ -126,14 +117,14 @@ class ActionRecord:
 
 @dataclass(slots=True)
 class RequestBook:
-    """Outstanding requests and actions, with the indexes the driver asks about."""
+    """Outstanding requests and actions, with the indexes the dispatcher asks about."""
 
     _requests: dict[int, PendingRequest] = field(default_factory=dict)
     _actions: dict[int, ActionRecord] = field(default_factory=dict)
     _by_executor: dict[str, dict[int, ActionRecord]] = field(default_factory=dict)
     _by_model: Counter[str] = field(default_factory=Counter)
-    outcomes: Counter[str] = field(default_factory=Counter)
-    submitted: int = 0  # requests accepted into the book (handed to the core)
+    outcomes: Counter[str] = field(default_factory=Counter)  # every answer, counted once
+    submitted: int = 0  # requests accepted into the book
 
     # Requests.
 
@@ -272,3 +263,38 @@ def _action_timing(action: ActionRecord, result: ActionResult) -> dict[str, int]
         timing["from_executor"] = action.received_ns - (result.end_ns - action.offset_ns)
     timing.update(result.durations_ns)  # execute, copy_in, copy_out as measured
     return timing
+
+
+class PredictionErrors:
+    """Accumulates prediction errors; `snapshot` summarises them."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._recent: deque[int] = deque(maxlen=window)
+        self._count = 0
+        self._total_ns = 0
+        self._under = 0
+        self._min_ns = 0
+        self._max_ns = 0
+
+    def add(self, model: str, error_ns: int) -> None:
+        del model  # kept in the signature for per-model breakdowns later
+        self._recent.append(error_ns)
+        self._min_ns = error_ns if not self._count else min(self._min_ns, error_ns)
+        self._max_ns = error_ns if not self._count else max(self._max_ns, error_ns)
+        self._count += 1
+        self._total_ns += error_ns
+        self._under += error_ns > 0
+
+    def snapshot(self) -> PredictionErrorStats:
+        if not self._count:
+            return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
+        ordered = sorted(self._recent)
+        return PredictionErrorStats(
+            count=self._count,
+            mean_ns=self._total_ns / self._count,
+            p50_ns=percentile(ordered, 50.0),
+            p99_ns=percentile(ordered, 99.0),
+            min_ns=self._min_ns,
+            max_ns=self._max_ns,
+            underpredicted=self._under,
+        )

@@ -1,20 +1,16 @@
-"""Read-only views of the driver's state for stats, metrics and health (built on demand).
+"""Read-only views of the runtime's state for stats, metrics and health (built on demand).
 
-Invariant: every snapshot is a frozen value; nothing in it refers back to live driver state.
+Invariant: every snapshot is a frozen value; nothing in it refers back to live state; building
+one never runs the core (`snapshot.build` in runtime/driver.py reads the dispatcher, the book,
+the core's counters and the executor pool).
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from clockwork_async.runtime.executor_link import ExecutorLink, LinkKeeper
 from clockwork_async.runtime.timers import LagStats, PollStats, TimerStats
-
-if TYPE_CHECKING:
-    from clockwork_async.runtime.models import RegisteredModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,83 +73,3 @@ class DriverSnapshot:
     core_ns_per_request: float  # time in Controller.handle, per request
     driver_ns_per_request: float  # all event handling (core and sends included), per request
     send_ns_per_request: float  # encoding and writing actions to executor sockets, per request
-
-
-class PredictionErrors:
-    """Accumulates prediction errors; `snapshot` summarises them."""
-
-    def __init__(self, window: int = 4096) -> None:
-        self._recent: deque[int] = deque(maxlen=window)
-        self._count = 0
-        self._total_ns = 0
-        self._under = 0
-        self._min_ns = 0
-        self._max_ns = 0
-
-    def add(self, model: str, error_ns: int) -> None:
-        del model  # kept in the signature for per-model breakdowns later
-        self._recent.append(error_ns)
-        self._min_ns = error_ns if not self._count else min(self._min_ns, error_ns)
-        self._max_ns = error_ns if not self._count else max(self._max_ns, error_ns)
-        self._count += 1
-        self._total_ns += error_ns
-        self._under += error_ns > 0
-
-    def snapshot(self) -> PredictionErrorStats:
-        if not self._count:
-            return PredictionErrorStats(0, 0.0, 0, 0, 0, 0, 0)
-        ordered = sorted(self._recent)
-        pick = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-        return PredictionErrorStats(
-            count=self._count,
-            mean_ns=self._total_ns / self._count,
-            p50_ns=ordered[len(ordered) // 2],
-            p99_ns=pick,
-            min_ns=self._min_ns,
-            max_ns=self._max_ns,
-            underpredicted=self._under,
-        )
-
-
-@dataclass(slots=True)
-class ExecutorRecord:
-    """The driver's live view of one attached executor (not a snapshot: it changes)."""
-
-    executor_id: str
-    keeper: LinkKeeper | None = None
-    link: ExecutorLink | None = None  # set while joined
-    kind: str = ""
-    pages_total: int = 0
-    pages_free: int = 0
-    loaded: set[str] = field(default_factory=set)
-    restarts: int = 0  # counted by `Driver.executor_restarted`
-
-    def snapshot(self, outstanding_actions: int) -> ExecutorSnapshot:
-        link, keeper = self.link, self.keeper
-        return ExecutorSnapshot(
-            executor_id=self.executor_id,
-            address=keeper.address if keeper is not None else "",
-            up=link is not None and link.up,
-            kind=self.kind,
-            pages_used=self.pages_total - self.pages_free,
-            pages_total=self.pages_total,
-            loaded=tuple(sorted(self.loaded)),
-            restarts=self.restarts,
-            reconnects=max(0, (keeper.connects if keeper is not None else 0) - 1),
-            outstanding_actions=outstanding_actions,
-            clock_offset_ns=link.clock.offset_ns if link is not None else 0,
-            clock_error_ns=link.clock.error_bound_ns if link is not None else 0,
-            rtt_ns=link.last_rtt_ns if link is not None else 0,
-            last_error=keeper.last_error if keeper is not None else "",
-        )
-
-
-def model_snapshot(
-    model: RegisteredModel, records: Iterable[ExecutorRecord], queued: int = 0
-) -> ModelSnapshot:
-    """A model, the executors it is loaded on and how many of its requests are queued."""
-    loaded_on = tuple(r.executor_id for r in records if model.name in r.loaded)
-    group = model.group or model.name
-    return ModelSnapshot(
-        model.name, group, model.batch_sizes, model.weights_pages, loaded_on, queued
-    )

@@ -1,0 +1,725 @@
+"""The dispatcher: the one owner of the controller core, the request book and the joined
+executor links. Everything that happens becomes an event for the core; every command the core
+returns becomes a send on a link, a reply to a caller or a timer. One direction, no callbacks
+into an owner.
+
+One idea: the request path between the API and the executor links. Events in: `submit`,
+`cancel`, `flush` (callers), `executor_joined` / `executor_left` (the executor pool), `add_model`
+/ `remove_model` (registration), action results (from links, for the actions it sent), ticks
+(its own timer), `drain` / `close`. Out: actions on links, ``on_reply`` calls and listeners.
+
+Invariants:
+- The core is entered through ``Controller.handle`` alone, one event at a time, in the order
+  events are fed; an event fed while another is handled (a caller that submits from its reply
+  callback, a result) is handled right after it, so the core is never re-entered. Arrivals are
+  held until the end of the event loop's round, the next other event or `MAX_HELD_ARRIVALS`,
+  whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
+- The core alone judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and
+  plans by it); the dispatcher never changes an outcome. The only answers that do not come
+  from the core are the refusals at the door (`_refusal`: ``shutting_down``, ``unknown_model``,
+  ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
+  event (a bug).
+- Each submitted request's ``on_reply`` is called exactly once, possibly before `submit`
+  returns; it is in the book from acceptance until then, and every answer is counted once in
+  the book (``outcomes``) before callers and listeners see it.
+- An action is in the book from its send until its ActionFinished was handled or its executor
+  left; a result for an action no longer there is ignored, so each is resolved once.
+- Reading state (`snapshot` and the read-only properties) never runs the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import partial
+
+import numpy as np
+
+from clockwork_async.api.service import InferOutcome
+from clockwork_async.connection import ConnectionClosed
+from clockwork_async.core.config import ControllerConfig
+from clockwork_async.core.controller import Controller
+from clockwork_async.core.errors import ControllerError
+from clockwork_async.core.events import (
+    Abandon,
+    ActionFinished,
+    Arrivals,
+    Command,
+    Event,
+    ExecutorJoined,
+    ExecutorLead,
+    ExecutorLeft,
+    ModelRegistered,
+    ModelUnregistered,
+    Reply,
+    RequestArrived,
+    RequestCancelled,
+    ReturnHop,
+    Shutdown,
+    StartInfer,
+    StartLoad,
+    StartUnload,
+    Tick,
+    WakeAt,
+)
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.runtime.batching import BadInput, validate_request
+from clockwork_async.runtime.config import RuntimeConfig
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
+from clockwork_async.runtime.hop import HopEstimate
+from clockwork_async.runtime.models import RegisteredModel
+from clockwork_async.runtime.requests import (
+    ActionRecord,
+    PendingRequest,
+    PredictionErrors,
+    RequestBook,
+)
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
+from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
+
+log = logging.getLogger(__name__)
+
+MAX_HELD_ARRIVALS = 32  # twice the largest usual batch; more are handed to the core at once
+DEFAULT_SLO_NS = 100_000_000  # for requests to a model that is not registered (refused)
+OTHER = "other"  # the metric label of requests for unknown models: clients cannot grow labels
+# The lead is the typical way there, not its tail: an action that arrives after its latest
+# start is refused `too_late` without running and its requests are answered in time, while a
+# p99 lead stacked on the p99 execute and return-hop predictions refused at arrival half of the
+# requests a 5.6 ms SLO at 50 req/s would have served (docs/runtime.md).
+WAY_THERE_PERCENTILE = 50.0
+_ACTIONS = (StartUnload, StartLoad, StartInfer)
+
+# (model label, group label, ns from the answer to the deadline, outcome)
+OutcomeListener = Callable[[str, str, int, InferOutcome], None]
+# (group label, the action, its result)
+ActionListener = Callable[[str, ActionRecord, ActionResult], None]
+ExecutorListener = Callable[[str, bool, str], None]  # (executor id, up, reason)
+
+
+class DispatcherState(StrEnum):
+    RUNNING = "running"
+    DRAINING = "draining"  # the core refuses new requests; outstanding ones finish
+    CLOSED = "closed"
+
+
+_MOVES = {
+    DispatcherState.RUNNING: {DispatcherState.DRAINING, DispatcherState.CLOSED},
+    DispatcherState.DRAINING: {DispatcherState.CLOSED},
+    DispatcherState.CLOSED: set(),
+}
+
+
+@dataclass(slots=True)
+class JoinedExecutor:
+    """A joined executor as the dispatcher uses it: its link, what its results said of its
+    pages and models, and the measured way there."""
+
+    link: ExecutorLink
+    info: ExecutorInfo
+    pages_free: int
+    loaded: set[str] = field(default_factory=set)
+    way_there: HopEstimate = field(
+        default_factory=lambda: HopEstimate(
+            percentile=WAY_THERE_PERCENTILE, slack=0.0, initial_ns=0
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CostCounters:
+    """Where the dispatcher's time went, summed since start (``perf_counter`` ns)."""
+
+    core_ns: int  # inside Controller.handle
+    dispatch_ns: int  # all event handling (core and sends), less callers' reply callbacks
+    send_ns: int  # encoding and writing actions to executor sockets
+
+
+class Dispatcher:
+    """Runs the controller core in real time against joined executor links."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        runtime: RuntimeConfig | None = None,
+        *,
+        now_ns: Callable[[], int] = time.monotonic_ns,
+        unix_now_ns: Callable[[], int] = time.time_ns,
+        controller: Controller | None = None,
+    ) -> None:
+        self.runtime = runtime or RuntimeConfig()
+        self._core = controller if controller is not None else Controller(config)
+        self._now_ns = now_ns
+        self._unix_now_ns = unix_now_ns
+        self._state = DispatcherState.RUNNING
+        self._book = RequestBook()
+        self._models: dict[str, RegisteredModel] = {}
+        self._executors: dict[str, JoinedExecutor] = {}
+        self._return_hop = HopEstimate()
+        self._prediction_errors = PredictionErrors()
+        self._request_ids = itertools.count(1)
+        self._events: deque[Event] = deque()
+        self._arrivals: list[RequestArrived] = []  # held until the end of the loop round
+        self._handling = False
+        self._written: set[ExecutorLink] = set()  # links with actions written this handling
+        self._core_ns = self._dispatch_ns = self._send_ns = 0
+        self._timer = WakeTimer(
+            self._on_wake,
+            now_ns=now_ns,
+            arm_early_ns=self.runtime.timer_arm_early_ns,
+            spin_below_ns=self.runtime.timer_spin_below_ns,
+        )
+        self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
+        self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
+        self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
+        self._drained = asyncio.Event()
+        self._idle_models: dict[str, asyncio.Event] = {}
+        self.outcome_listeners: list[OutcomeListener] = []
+        self.action_listeners: list[ActionListener] = []
+        self.executor_listeners: list[ExecutorListener] = []
+        self._feed(ReturnHop(self._return_hop.estimate_ns))
+
+    # --- requests in ---------------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        on_reply: Callable[[InferOutcome], None],
+    ) -> int:
+        """Accept a request that arrived now, due ``slo_ns`` from now, at ``deadline_unix_ns``
+        (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
+        now_ns, unix_now_ns = self._now_ns(), self._unix_now_ns()
+        served = self._models.get(model)
+        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
+        deadline_ns = resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=unix_now_ns
+        )
+        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
+
+    def submit_by(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline_ns: int,
+        on_reply: Callable[[InferOutcome], None],
+    ) -> int:
+        """Accept a request (one row per input) due by ``deadline_ns`` (monotonic clock).
+
+        Returns its id. ``on_reply`` is called exactly once, possibly before this returns. The
+        inputs must not be changed until then (they may go out without a copy).
+        """
+        request_id = next(self._request_ids)
+        now_ns = self._now_ns()
+        request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
+        self._book.add_request(request)
+        nbytes = _tensor_bytes(inputs)
+        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        self._loop.book(now_ns, nbytes, admitted=refusal is None)
+        if refusal is not None:
+            self._answer_here(request, *refusal)
+            return request_id
+        self._start()
+        self._relieve(now_ns)
+        self._hold(RequestArrived(request_id, model, deadline_ns))
+        return request_id
+
+    def _refusal(
+        self, model: str, inputs: Mapping[str, np.ndarray], slo_ns: int, now_ns: int
+    ) -> tuple[Outcome, str] | None:
+        """Why a request is answered at once, without the core: the server is draining, the
+        daemon's own loop is too far behind for it (`_loop_refusal`), the model is unknown,
+        or its tensors do not fit the model (which the core never sees)."""
+        if self._state is not DispatcherState.RUNNING:
+            return Outcome.SHUTTING_DOWN, "the server is shutting down"
+        overloaded = self._loop_refusal(slo_ns, now_ns)
+        if overloaded is not None:
+            return Outcome.OVERLOADED, overloaded
+        served = self._models.get(model)
+        if served is None:
+            return Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered"
+        try:
+            validate_request(model, served.inputs, served.batch_sizes, inputs)
+        except BadInput as error:
+            return Outcome.BAD_INPUT, str(error)
+        return None
+
+    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
+        """Why the loop cannot take this request: the work booked on it before this request
+        runs past ``loop_delay_share`` of the request's time to its deadline, or past
+        ``max_loop_delay_ns`` (docs/controller.md, "The daemon as a lane"). An idle loop
+        refuses nothing: what a request cannot meet on its own is the core's to refuse."""
+        cap_ns = self.runtime.max_loop_delay_ns
+        delay_ns = self._loop.delay_ns(now_ns)
+        if not cap_ns or not delay_ns:
+            return None
+        limit_ns = min(cap_ns, int(self.runtime.loop_delay_share * max(0, slo_ns)))
+        if delay_ns <= limit_ns:
+            return None
+        return (
+            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
+            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
+            f"retry after {delay_ns / 1e6:.2f} ms"
+        )
+
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """The door, from a frame's header (`api.service.Requests.screen`): why the loop
+        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
+        if self._state is not DispatcherState.RUNNING:
+            return None  # `submit` answers it shutting_down
+        now_ns = self._now_ns()
+        served = self._models.get(model)
+        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
+        deadline_ns = resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
+        )
+        return self._loop_refusal(deadline_ns - now_ns, now_ns)
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request the door screened out ``overloaded`` (its tensors never kept)."""
+        request_id = next(self._request_ids)
+        now_ns = self._now_ns()
+        request = PendingRequest(request_id, model, {}, on_reply, now_ns, now_ns)
+        self._book.add_request(request)
+        self._loop.book(now_ns, nbytes, admitted=False)
+        self._answer_here(request, Outcome.OVERLOADED, reason)
+        return request_id
+
+    def cancel(self, request_id: int) -> None:
+        """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
+        running (then its result still comes). Unknown or answered ids are ignored."""
+        if self._book.request(request_id) is not None:
+            self._feed(RequestCancelled(request_id))
+
+    def flush(self) -> None:
+        """Hand the requests submitted so far to the core now, together (a caller that knows
+        no more are coming: its read is done)."""
+        self._take_arrivals()
+        self._run()
+
+    # --- executors and models in ---------------------------------------------------------------
+
+    def executor_joined(
+        self, executor_id: str, link: ExecutorLink, loaded: tuple[str, ...]
+    ) -> None:
+        """``link`` is up and reconciled; ``loaded``: models resident there."""
+        info = link.info
+        resident = tuple(sorted(set(loaded) & self._models.keys()))
+        self._executors[executor_id] = JoinedExecutor(link, info, info.pages_free, set(resident))
+        self._feed(
+            ExecutorJoined(executor_id, info.kind, info.pages_total, info.page_bytes, resident)
+        )
+        _call_all(self.executor_listeners, executor_id, True, "joined")
+
+    def executor_left(self, executor_id: str, reason: str) -> None:
+        """The executor's link went down (or it was detached): its actions will never finish;
+        the core re-plans or answers their requests."""
+        if self._executors.pop(executor_id, None) is None:
+            return
+        for action in self._book.actions_of(executor_id):
+            self._book.finish_action(action.action_id)
+            self._model_action_done(action.model)
+        self._feed(ExecutorLeft(executor_id, reason))
+        _call_all(self.executor_listeners, executor_id, False, reason)
+
+    def add_model(self, model: RegisteredModel) -> None:
+        """Serve ``model`` (registered on the executors). Raises ValueError if taken."""
+        if model.name in self._models:
+            raise ValueError(f"model {model.name!r} is already served")
+        self._models[model.name] = model
+        self._feed(ModelRegistered(model.spec()))
+
+    async def remove_model(self, name: str) -> None:
+        """Stop serving ``name``: queued requests are answered ``unknown_model`` by the core,
+        running ones finish; returns when none of its actions is outstanding. Raises KeyError."""
+        if name not in self._models:
+            raise KeyError(f"model {name!r} is not registered")
+        del self._models[name]
+        self._feed(ModelUnregistered(name))
+        while self._book.actions_for_model(name):
+            idle = self._idle_models.setdefault(name, asyncio.Event())
+            await idle.wait()
+            self._idle_models.pop(name, None)
+        for joined in self._executors.values():
+            joined.loaded.discard(name)
+
+    # --- the core --------------------------------------------------------------------------------
+
+    def _hold(self, arrival: RequestArrived) -> None:
+        if not self._arrivals:
+            _call_soon(self.flush)
+        self._arrivals.append(arrival)
+        if len(self._arrivals) >= MAX_HELD_ARRIVALS:
+            self.flush()  # a burst: schedule what came so far while the rest is decoded
+
+    def _take_arrivals(self) -> None:
+        if self._arrivals:
+            self._events.append(Arrivals(tuple(self._arrivals)))
+            self._arrivals = []
+
+    def _feed(self, event: Event) -> None:
+        """Handle ``event`` now (after any held arrivals), or right after the one being
+        handled."""
+        self._take_arrivals()
+        self._events.append(event)
+        self._run()
+
+    def _run(self) -> None:
+        if self._handling:
+            return
+        self._handling = True
+        try:
+            while self._events:
+                self._handle(self._events.popleft())
+        finally:
+            self._handling = False
+
+    def _handle(self, event: Event) -> None:
+        started_ns = time.perf_counter_ns()
+        now_ns = self._now_ns()
+        try:
+            commands = self._core.handle(event, now_ns)
+        except ControllerError:
+            log.exception("the controller refused %r", event)
+            commands = _after_refusal(event)
+        self._core_ns += time.perf_counter_ns() - started_ns
+        callbacks_ns = 0
+        for command in _actions_first(commands):
+            callbacks_ns += self._perform(command, now_ns)
+        for link in self._written:
+            link.flush()  # the actions of one handling go out together, now
+        self._written.clear()
+        self._poll.touch()  # a result or the next request is likely soon: do not sleep
+        if isinstance(event, ActionFinished):  # its replies are out: its outputs can go
+            action = self._book.finish_action(event.action_id)
+            if action is not None:
+                self._model_action_done(action.model)
+        self._dispatch_ns += time.perf_counter_ns() - started_ns - callbacks_ns
+
+    def _perform(self, command: Command, now_ns: int) -> int:
+        """Carry out one command; returns ns spent in callers' callbacks."""
+        if isinstance(command, Reply):
+            return self._reply(command)
+        if isinstance(command, StartInfer):
+            self._start_infer(command, now_ns)
+        elif isinstance(command, StartLoad | StartUnload):
+            self._start_weights(command, now_ns)
+        elif isinstance(command, WakeAt):
+            self._timer.arm(command.time_ns)
+        else:
+            log.error("unknown command %r", command)
+        return 0
+
+    def _on_wake(self) -> None:
+        self._feed(Tick())
+
+    # --- actions out -----------------------------------------------------------------------------
+
+    def _start_infer(self, command: StartInfer, now_ns: int) -> None:
+        joined = self._executors.get(command.executor_id)
+        model = self._models.get(command.model)
+        if joined is None or model is None:
+            self._not_sent(command.executor_id, command.action_id, "no such executor/model")
+            return
+        link = joined.link
+        action = ActionRecord.infer(command, now_ns)
+        message = self._book.infer_message(action, model.inputs, link.offset_ns)
+        if message is None:
+            self._not_sent(command.executor_id, command.action_id, "its requests are gone")
+            return
+        self._send(link, action, message)
+
+    def _start_weights(self, command: StartLoad | StartUnload, now_ns: int) -> None:
+        joined = self._executors.get(command.executor_id)
+        if joined is None:
+            self._not_sent(command.executor_id, command.action_id, "no such executor")
+        elif isinstance(command, StartLoad):
+            action = ActionRecord.load(command, now_ns)
+            self._send(joined.link, action, action.load_message(joined.link.offset_ns))
+        else:
+            action = ActionRecord.unload(command, now_ns)
+            self._send(joined.link, action, action.unload_message())
+
+    def _send(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
+        self._book.add_action(action)
+        started_ns = time.perf_counter_ns()
+        try:
+            link.send_action(message, action.action_id, partial(self._on_result, link, action))
+            self._written.add(link)
+            self._send_ns += time.perf_counter_ns() - started_ns
+        except (LinkDown, ConnectionClosed) as error:
+            # The socket died before the reader noticed: the executor leaves now, and the core
+            # re-plans this action's requests with the rest of its work.
+            link.fail(f"sending failed: {error}")
+        except Exception as error:  # EncodeError or a bug: this action alone fails
+            log.exception("sending action %d to %s failed", action.action_id, action.executor_id)
+            self._book.finish_action(action.action_id)
+            self._not_sent(action.executor_id, action.action_id, str(error))
+
+    def _not_sent(self, executor_id: str, action_id: int, why: str) -> None:
+        log.debug("action %d on %s not sent: %s", action_id, executor_id, why)
+        self._feed(ActionFinished(executor_id, action_id, code="internal"))
+
+    # --- results in ------------------------------------------------------------------------------
+
+    def _on_result(self, link: ExecutorLink, action: ActionRecord, message: Message) -> None:
+        if self._book.action(action.action_id) is not action:
+            return  # resolved already (its executor left)
+        if not isinstance(message, ActionResult):
+            message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
+        self._note(link, action, message)
+        group = self._group_of(action.model)
+        for listener in self.action_listeners:
+            _call_quietly(listener, group, action, message)
+        self._feed(action.finished_event(message, link.offset_ns))
+
+    def _note(self, link: ExecutorLink, action: ActionRecord, result: ActionResult) -> None:
+        """Keep what the result tells: timings, both hops, pages, loaded models, errors."""
+        action.result = result
+        action.received_ns = now_ns = self._now_ns()
+        action.offset_ns = offset_ns = link.offset_ns
+        if result.end_ns:
+            before_ns = self._return_hop.estimate_ns
+            self._return_hop.add(now_ns - (result.end_ns - offset_ns), now_ns)
+            if self._return_hop.estimate_ns != before_ns:
+                self._feed(ReturnHop(self._return_hop.estimate_ns))
+        joined = self._executors.get(action.executor_id)
+        if joined is None:
+            return
+        if result.received_ns:
+            there_ns = result.received_ns - offset_ns - action.sent_ns
+            self._note_way_there(action.executor_id, joined, there_ns, now_ns)
+        joined.pages_free = result.pages_free or joined.pages_free
+        action.track_loaded(joined.loaded, result)
+        if action.kind == "infer" and result.ok:
+            error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
+            self._prediction_errors.add(action.model, error_ns)
+
+    def _note_way_there(
+        self, executor_id: str, joined: JoinedExecutor, there_ns: int, now_ns: int
+    ) -> None:
+        before_ns = joined.way_there.estimate_ns
+        joined.way_there.add(there_ns, now_ns)
+        if joined.way_there.estimate_ns != before_ns:
+            self._feed(ExecutorLead(executor_id, joined.way_there.estimate_ns))
+
+    def _relieve(self, now_ns: int) -> None:
+        """Let stale hop tails go (`HopEstimate.relieve`); tell the core of lower hops."""
+        if self._return_hop.relieve(now_ns):
+            self._feed(ReturnHop(self._return_hop.estimate_ns))
+        for executor_id, joined in self._executors.items():
+            if joined.way_there.relieve(now_ns):
+                self._feed(ExecutorLead(executor_id, joined.way_there.estimate_ns))
+
+    # --- replies out -----------------------------------------------------------------------------
+
+    def _reply(self, reply: Reply) -> int:
+        request = self._book.pop_request(reply.request_id)
+        if request is None:
+            log.debug("reply to unknown request %d (%s) ignored", reply.request_id, reply.outcome)
+            return 0
+        now_ns = self._now_ns()
+        outcome = self._book.outcome(request, reply, now_ns)
+        started_ns = time.perf_counter_ns()
+        self._deliver(request, outcome, now_ns)
+        return time.perf_counter_ns() - started_ns
+
+    def _answer_here(self, request: PendingRequest, outcome: Outcome, message: str) -> None:
+        """Answer a request the core never saw (refused at the door)."""
+        now_ns = self._now_ns()
+        self._book.pop_request(request.request_id)
+        self._deliver(request, self._book.rejection(request, outcome, message, now_ns), now_ns)
+
+    def _deliver(self, request: PendingRequest, outcome: InferOutcome, now_ns: int) -> None:
+        """The one way out for an answer: counted once, then the caller, then listeners."""
+        self._book.count(outcome.outcome)
+        _call_quietly(request.on_reply, outcome)
+        served = self._models.get(request.model)
+        model_label = request.model if served is not None else OTHER
+        group = self._group_of(request.model)
+        slack_ns = request.deadline_ns - now_ns
+        for listener in self.outcome_listeners:
+            _call_quietly(listener, model_label, group, slack_ns, outcome)
+        if self._state is DispatcherState.DRAINING and not self._book.request_count:
+            self._drained.set()
+
+    def _group_of(self, model: str) -> str:
+        served = self._models.get(model)
+        return (served.group or served.name) if served is not None else OTHER
+
+    def _model_action_done(self, model: str) -> None:
+        idle = self._idle_models.get(model)
+        if idle is not None and not self._book.actions_for_model(model):
+            idle.set()
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def _enter(self, state: DispatcherState) -> None:
+        """The one state transition. Raises RuntimeError for a move that cannot happen."""
+        if state not in _MOVES[self._state]:
+            raise RuntimeError(f"dispatcher cannot go from {self._state} to {state}")
+        self._state = state
+
+    def _start(self) -> None:
+        if not self._lag.running and self._state is not DispatcherState.CLOSED:
+            self._lag.start()
+            self._loop.start()
+
+    def busy_poll(self, window_ns: int) -> None:
+        """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
+        sleeping (0: off). Only for a controller with a CPU of its own: the polling uses it."""
+        self._poll.set_window(window_ns)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Have the core refuse new requests (``shutting_down``); wait up to ``timeout_s`` for
+        the outstanding ones, then have it answer the rest ``shutting_down``."""
+        if self._state is DispatcherState.RUNNING:
+            self._enter(DispatcherState.DRAINING)
+            self._feed(Shutdown())
+        if self._book.request_count:
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), timeout_s)
+        self._abandon()
+
+    def _abandon(self) -> None:
+        self._feed(Shutdown())
+        self._feed(Abandon())
+        for request in self._book.pop_all_requests():  # none, unless the core refused Abandon
+            now_ns = self._now_ns()
+            message = "the server is shutting down"
+            rejection = self._book.rejection(request, Outcome.SHUTTING_DOWN, message, now_ns)
+            self._deliver(request, rejection, now_ns)
+
+    def close(self) -> None:
+        """Answer what is left ``shutting_down`` (by the core) and stop the timers."""
+        if self._state is DispatcherState.CLOSED:
+            return
+        self._enter(DispatcherState.CLOSED)
+        self._abandon()
+        self._timer.cancel()
+        self._poll.cancel()
+        self._lag.stop()
+        self._loop.stop()
+
+    # --- reading (never runs the core) -----------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        return self._state.value
+
+    @property
+    def book(self) -> RequestBook:
+        """The request book, to read (outcome counts, outstanding requests and actions)."""
+        return self._book
+
+    @property
+    def controller(self) -> Controller:
+        """The core, to read (its stats and queue depths); feed it only through the dispatcher."""
+        return self._core
+
+    @property
+    def models(self) -> dict[str, RegisteredModel]:
+        """The served models, by name (a copy)."""
+        return dict(self._models)
+
+    @property
+    def held_arrivals(self) -> int:
+        """Requests submitted in this loop round, not handed to the core yet."""
+        return len(self._arrivals)
+
+    def held_arrivals_of(self, model: str) -> int:
+        """`held_arrivals` of ``model``."""
+        return sum(arrival.model == model for arrival in self._arrivals)
+
+    def joined(self, executor_id: str) -> JoinedExecutor | None:
+        return self._executors.get(executor_id)
+
+    def costs(self) -> CostCounters:
+        return CostCounters(self._core_ns, self._dispatch_ns, self._send_ns)
+
+    def prediction_errors(self) -> PredictionErrors:
+        return self._prediction_errors
+
+    def timers(self) -> tuple[LagProbe, WakeTimer, BusyPoll]:
+        return self._lag, self._timer, self._poll
+
+    @property
+    def loop_lane(self) -> LoopLane:
+        """The loop as a lane: its learned cost and how far behind it is (to read)."""
+        return self._loop
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
+
+
+def _tensor_bytes(inputs: Mapping[str, object]) -> int:
+    return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
+
+
+def _call_soon(callback: Callable[[], None]) -> None:
+    """Run ``callback`` at the end of this loop round (at once when no loop runs)."""
+    try:
+        asyncio.get_running_loop().call_soon(callback)
+    except RuntimeError:
+        callback()
+
+
+def _actions_first(commands: list[Command]) -> list[Command]:
+    """``commands`` with the executors' actions first (in their order: an unload stays before
+    the load that needs its pages): answering many requests takes a while, and an action's
+    window is reckoned from the moment the core returned it."""
+    actions = [c for c in commands if isinstance(c, _ACTIONS)]
+    if not actions or len(actions) == len(commands):
+        return commands
+    return actions + [c for c in commands if not isinstance(c, _ACTIONS)]
+
+
+def _after_refusal(event: Event) -> list[Command]:
+    """Arrivals the core refused are still answered (it keeps no state of them)."""
+    if isinstance(event, Arrivals):
+        return [
+            Reply(arrival.request_id, Outcome.FAILED, "the controller refused it")
+            for arrival in event.requests
+        ]
+    return []
+
+
+def _call_quietly(callback: Callable[..., object], *args: object) -> None:
+    """Run a caller's callback; its exception is logged, never propagated into the core."""
+    try:
+        callback(*args)
+    except Exception:
+        log.exception("a callback raised")
+
+
+def _call_all(listeners: list[ExecutorListener], *args: object) -> None:
+    for listener in listeners:
+        _call_quietly(listener, *args)
