@@ -9,12 +9,9 @@ only by the factory that needs them, so choosing one backend never loads another
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from .backend import Backend
-
-if TYPE_CHECKING:
-    from .flags import ExecutorConfig
+from .executor_config import ExecutorConfig
 
 MIB = 1 << 20
 DEFAULT_ORT_WEIGHTS_BYTES = 256 * MIB  # 16 pages: room for every demo model many times over

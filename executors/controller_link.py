@@ -36,7 +36,7 @@ from clockwork_async.wire.messages import (
     Role,
 )
 
-from .flags import ExecutorConfig
+from .executor_config import ExecutorConfig
 from .host import ExecutorAction, ExecutorHost
 
 log = logging.getLogger("clockwork_async.executor")

@@ -1,4 +1,4 @@
-"""The executor's flags: parsed once, at the edge, into a frozen `ExecutorConfig`.
+"""The executor's flags: parsed once, at the edge, into the frozen `ExecutorConfig`.
 
 Invariants: every flag is a field of `ExecutorConfig` of the same name (``--page-bytes`` ->
 ``page_bytes``); a bad value is an argparse error naming the flag (SystemExit from argparse,
@@ -13,9 +13,9 @@ import dataclasses
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from .backend_table import BACKENDS
+from .executor_config import ExecutorConfig
 
 MIB = 1 << 20
 DEFAULT_PAGE_BYTES = 16 * MIB
@@ -27,30 +27,6 @@ _SIZE_PATTERN = re.compile(r"(\d+(?:\.\d*)?)\s*([kmg]i?b?|b)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "ki": 1 << 10, "mi": MIB}
 _SIZE_UNITS["gi"] = 1 << 30
 _DEVICE_PATTERN = re.compile(r"cpu|sim|cuda:[0-9]{1,2}")
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutorConfig:
-    """The executor's settings; each field is the flag of the same name (``--page-bytes``)."""
-
-    backend: str
-    device: str  # cpu, sim or cuda:N
-    listen: str
-    name: str
-    page_bytes: int
-    weights_bytes: int | None  # None: the backend's default
-    cpus: tuple[int, ...]  # () leaves the affinity alone
-    lane_scheduling: str  # auto (idle when pinned), idle or normal
-    keep_warm_ms: float  # the execute lane polls this long after each action before it sleeps
-    intra_op_threads: int
-    seed: int
-    noise: float
-    slowdown: float
-    profile_file: str | None
-    token: str
-    io_bytes: int
-    workspace_bytes: int
-    cuda_weights: str
 
 
 def parse_bytes(text: str) -> int:

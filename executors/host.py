@@ -1,6 +1,9 @@
-"""The executor host, one idea: what each action does to the executor's models and pages, run
-in the lanes' order. It owns the model registry and the page cache and answers every action
-once. Transport-free: `controller_link.py` feeds it decoded actions and sends back its replies.
+"""The executor host: the model registry and page cache, changed by actions run in lane order.
+
+One idea: what each action does to the executor's models and pages; every part of this module
+is a step of one action (dispatch, run or reject, the action itself, its one reply). The lane
+rules are `lane_rules`, the model state machine `model_entry`. Transport-free:
+`controller_link.py` feeds it decoded actions and sends back its replies.
 
 Invariants:
 - Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), delivered on

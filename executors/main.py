@@ -29,7 +29,8 @@ from clockwork_async.connection import TcpAddress, start_server
 from .backend import BackendError
 from .backend_table import make_backend
 from .controller_link import ControllerLink
-from .flags import ExecutorConfig, parse_config
+from .executor_config import ExecutorConfig
+from .flags import parse_config
 from .host import ExecutorHost
 from .pages import PageCache
 

@@ -1,5 +1,9 @@
 """The ONNX Runtime (CPU) backend: sessions whose weights live in the arena pages, unmoved.
 
+One idea: the CPU backend of the `Backend` protocol; the helpers here (host images, session
+options, example feeds, the prepacking measurement) exist for its REGISTER and LOAD, and the
+IO-bound backend reuses them.
+
 Recipe (measured in /work/shared/MACHINE-NOTES.md and re-checked by the tests):
 
 - REGISTER optimises the model once with ONNX Runtime (``ORT_ENABLE_ALL``, on this CPU; the
