@@ -67,16 +67,12 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset(
         # over MAX_LINES
         "clockwork_async.bench",
         "clockwork_async.connection",
-        "clockwork_async.executors.host",
-        "clockwork_async.executors.main",
-        "clockwork_async.executors.onnxruntime_cuda",
         "clockwork_async.runtime.dispatcher",
         # over ONE_IDEA_LINES, no "One idea:" line
         "clockwork_async.api.async_client",
         "clockwork_async.api.session",
         "clockwork_async.config",
         "clockwork_async.daemon",
-        "clockwork_async.executors.onnxruntime",
         "clockwork_async.metrics",
         "clockwork_async.runtime.executor_link",
         "clockwork_async.sim.engine",
