@@ -72,6 +72,26 @@ async def test_unknown_model_and_bad_deadlines_are_named(client: AsyncClient) ->
         assert (await client.infer("echo", {"x": ROW}, slo_ms=slo_ms)).status == "bad_input"
 
 
+async def test_deadlines_that_do_not_fit_64_bits_are_bad_input_naming_the_limit(
+    service: FakeService,
+) -> None:
+    api = await _serve(service, unix_now_ns=lambda: 10**18)
+    try:
+        async with await AsyncClient.connect(api.address) as client:
+            huge = await client.infer("echo", {"x": ROW}, slo_ms=1e15)
+            assert huge.status == "bad_input"
+            assert "1e+15" in huge.message and "4611686018427 ms" in huge.message
+            for deadline_unix_ns in (10**18 + (1 << 62) + 1, 10**18 - (1 << 62) - 1):
+                far = await client.infer("echo", {"x": ROW}, deadline_unix_ns=deadline_unix_ns)
+                assert far.status == "bad_input", far
+                assert str(deadline_unix_ns) in far.message and str(1 << 62) in far.message
+            edge = await client.infer("echo", {"x": ROW}, deadline_unix_ns=10**18 + (1 << 62))
+            assert edge.ok
+            assert [s.deadline_unix_ns for s in service.submitted] == [10**18 + (1 << 62)]
+    finally:
+        await api.close(0.5)
+
+
 async def test_pipelined_requests_are_answered_out_of_order(
     server: ApiServer, service: FakeService
 ) -> None:

@@ -94,6 +94,15 @@ def test_absolute_deadlines_are_converted_from_unix_time(client: Client) -> None
     assert future.ok and future.outputs["output"][0, 0] == 2
 
 
+def test_deadlines_too_far_for_the_wire_are_bad_input_not_internal(client: Client) -> None:
+    huge_slo = client.infer("tiny", row(1), slo_ms=1e15)
+    assert huge_slo.status == Outcome.BAD_INPUT and "slo_ms" in huge_slo.message
+    for distance_ns in (1 << 63, -(1 << 63)):
+        far = client.infer("tiny", row(1), deadline_unix_ns=time.time_ns() + distance_ns)
+        assert far.status == Outcome.BAD_INPUT and "deadline_unix_ns" in far.message
+    assert client.infer("tiny", row(3), slo_ms=SLO_MS).ok
+
+
 def test_unknown_models_and_bad_inputs_are_rejected_with_reasons(client: Client) -> None:
     unknown = client.infer("no-such-model", row(0), slo_ms=SLO_MS)
     assert unknown.status == Outcome.UNKNOWN_MODEL and "no-such-model" in unknown.message

@@ -147,6 +147,7 @@ class ApiServer:
         auth: TokenAuth | None = None,
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
+        unix_now_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.service = service
         self.requests: Requests = requests if requests is not None else cast(Requests, service)
@@ -154,6 +155,7 @@ class ApiServer:
         self.auth = auth or TokenAuth()
         self.name = name
         self.now_ns = now_ns
+        self.unix_now_ns = unix_now_ns  # to bound a request's deadline_unix_ns
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None

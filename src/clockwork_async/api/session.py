@@ -60,6 +60,11 @@ log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
+# How far from now a deadline may be, either way. The daemon's monotonic clock, an executor's
+# clock offset and the deadline each stay under 2**62, so a deadline moved to any executor's
+# clock (an action's ``latest_ns``) still fits the wire's signed 64-bit integers.
+MAX_DEADLINE_DISTANCE_NS = 1 << 62  # about 146 years
+MAX_SLO_MS = MAX_DEADLINE_DISTANCE_NS / NS_PER_MS
 
 
 @dataclass(slots=True)
@@ -206,7 +211,7 @@ class ApiSession:
         if self._server.outstanding >= limits.max_outstanding_total:
             limit = limits.max_outstanding_total
             return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
-        return _deadline_problem(request)
+        return _deadline_problem(request, self._server.unix_now_ns())
 
     def _busy(self, request_id: int) -> bool:
         return request_id in self._pending or request_id in self._tasks
@@ -407,7 +412,9 @@ class ApiSession:
             self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
 
 
-def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
+def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str] | None:
+    """(``bad_input``, why) for a deadline the daemon cannot carry: both kinds given, an SLO
+    that is not a positive number, or one further than `MAX_DEADLINE_DISTANCE_NS` from now."""
     if request.slo_ms is not None and request.deadline_unix_ns is not None:
         return Outcome.BAD_INPUT, "give slo_ms or deadline_unix_ns, not both"
     if request.slo_ms is not None:
@@ -415,6 +422,15 @@ def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
             slo_ms_to_ns(request.slo_ms)
         except ValueError as error:
             return Outcome.BAD_INPUT, str(error)
+    if request.deadline_unix_ns is not None:
+        distance_ns = request.deadline_unix_ns - unix_now_ns
+        if abs(distance_ns) > MAX_DEADLINE_DISTANCE_NS:
+            when = "ahead of" if distance_ns > 0 else "behind"
+            why = (
+                f"deadline_unix_ns {request.deadline_unix_ns} is {abs(distance_ns)} ns {when} "
+                f"the daemon's clock, over the limit of {MAX_DEADLINE_DISTANCE_NS} ns (146 years)"
+            )
+            return Outcome.BAD_INPUT, why
     return None
 
 
@@ -427,7 +443,13 @@ def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> Model
 
 
 def slo_ms_to_ns(slo_ms: float) -> int:
-    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
+    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite, positive and at most
+    `MAX_SLO_MS`."""
     if not math.isfinite(slo_ms) or slo_ms <= 0:
         raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
+    if slo_ms > MAX_SLO_MS:
+        raise ValueError(
+            f"slo_ms {slo_ms:g} is over the limit of {MAX_SLO_MS:.0f} ms (146 years): "
+            "deadlines must fit the wire's 64-bit integers"
+        )
     return max(1, round(slo_ms * NS_PER_MS))
