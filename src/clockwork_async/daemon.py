@@ -312,6 +312,7 @@ class Daemon:
         api = ApiServer(
             self.service,
             requests=self.driver.dispatcher,
+            routes=self.service.routes,
             limits=ServerLimits.from_config(server),
             auth=auth_from_config(server),
         )

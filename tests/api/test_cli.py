@@ -95,6 +95,37 @@ def test_models_list_add_remove(
     assert "fresh" not in threaded_server.service.models
 
 
+def test_models_add_replace_bumps_the_version_shown_in_list(
+    threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ["--address", threaded_server.address]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"ONNX fake")
+    assert main(["models", "add", "swapped", str(onnx), *address]) == 0
+    assert main(["models", "add", "swapped", str(onnx), "--replace", *address]) == 0
+    assert threaded_server.service.models["swapped"].version == 2
+    capsys.readouterr()
+    assert main(["models", "list", "--json", *address]) == 0
+    listed = {m["name"]: m["version"] for m in json.loads(capsys.readouterr().out)}
+    assert listed["swapped"] == 2
+
+
+def test_models_list_columns_stay_apart_for_long_names(
+    threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ["--address", threaded_server.address]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"ONNX fake")
+    long_name = "a-model-name-of-forty-characters-long-x"
+    assert main(["models", "add", long_name, str(onnx), *address]) == 0
+    capsys.readouterr()
+    assert main(["models", *address]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["name", "version", "group", "state"]
+    (row,) = [line for line in rows if line.startswith(long_name)]
+    assert row.split()[:4] == [long_name, "1", long_name, "ready"]  # the fake's group: its name
+
+
 def test_models_json_lists_every_model(
     threaded_server: ThreadedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.client import ApiError, Client
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.demo_models import build_tiny
@@ -120,6 +121,34 @@ def test_models_are_added_and_removed_at_runtime(daemon: DaemonProcess, client: 
     assert client.infer("tiny-copy", row(0), slo_ms=SLO_MS).status == Outcome.UNKNOWN_MODEL
     assert "tiny-copy" not in {model.name for model in client.models()}
     assert not (Path(daemon_repository(daemon)) / "tiny-copy").exists()
+
+
+def test_adding_onto_a_taken_name_is_model_exists(client: Client) -> None:
+    with pytest.raises(ApiError) as refused:
+        client.add_model("tiny", TINY_FILE)
+    assert refused.value.code == "model_exists"
+    assert client.infer("tiny", row(2), slo_ms=SLO_MS).ok
+
+
+async def test_a_replace_finishes_sent_requests_on_the_old_version(daemon: DaemonProcess) -> None:
+    image = {"input": np.full((1, 3, 224, 224), 9.0, np.float32)}
+    async with (
+        await AsyncClient.connect(daemon.api) as sender,
+        await AsyncClient.connect(daemon.api) as admin,
+    ):
+        await admin.add_model("swap", TINY_FILE, 'sim_profile = "resnet50-v100"\n')
+        try:
+            sent = [sender.start_infer("swap", image, slo_ms=SLO_MS) for _ in range(64)]
+            status = await admin.add_model("swap", TINY_FILE, replace=True)  # tiny-sim rows
+            assert status.version == 2 and status.inputs[0].shape == (-1, 4)
+            old = [await pending for pending in sent]
+            assert {(r.status, r.model_version) for r in old} == {("ok", 1)}
+            new = await sender.infer("swap", row(6), slo_ms=SLO_MS)
+            assert new.ok and new.model_version == 2 and new.outputs["output"][0, 0] == 6
+            listed = {m.name: m.version for m in await admin.models()}
+            assert listed["swap"] == 2 and listed["tiny"] == 1
+        finally:
+            await admin.remove_model("swap")
 
 
 def test_copies_become_instances_sharing_one_file(client: Client) -> None:

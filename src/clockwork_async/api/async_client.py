@@ -130,6 +130,7 @@ class InferResult:
     timing_ns: dict[str, int] = field(default_factory=dict)
     executor_id: str = ""
     batch_size: int = 0
+    model_version: int = 0  # the version of the model that answered (0: not told)
 
     @property
     def ok(self) -> bool:
@@ -153,6 +154,7 @@ class InferResult:
             dict(reply.timing_ns),
             reply.executor_id,
             reply.batch_size,
+            reply.model_version,
         )
 
 
@@ -264,18 +266,25 @@ class AsyncClient:
         return list(reply.models)
 
     async def add_model(
-        self, name: str, path_or_bytes: str | Path | bytes, model_toml: str | None = None
+        self,
+        name: str,
+        path_or_bytes: str | Path | bytes,
+        model_toml: str | None = None,
+        *,
+        replace: bool = False,
     ) -> ModelStatus:
         """Upload an ONNX model (a local file, read here, or its bytes) and register it as
-        ``name``; returns its status. Raises ApiError (``bad_model``, ``model_exists``,
-        ``forbidden``, ...), OSError for an unreadable file, ConnectionClosedError."""
+        ``name``; returns its status. With ``replace``, it takes the name from the model
+        serving under it (requests already sent finish on that one). Raises ApiError
+        (``bad_model``, ``model_exists``, ``forbidden``, ...), OSError for an unreadable file,
+        ConnectionClosedError."""
         data = (
             path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         )
         files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
         request_id = next(self._ids)
         await self._drain()
-        future = self._call(request_id, AddModel(request_id, name, files, model_toml))
+        future = self._call(request_id, AddModel(request_id, name, files, model_toml, replace))
         reply = _checked(await self._wait(request_id, future))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]

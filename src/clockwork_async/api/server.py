@@ -28,13 +28,13 @@ import contextlib
 import logging
 import ssl as ssl_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Admin, Requests
+from clockwork_async.api.service import Admin, ModelRoute, Requests
 from clockwork_async.api.session import ApiSession
 from clockwork_async.connection import (
     DEFAULT_MAX_QUEUED_MESSAGES,
@@ -148,6 +148,7 @@ class ApiServer:
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
         unix_now_ns: Callable[[], int] = time.time_ns,
+        routes: Mapping[str, ModelRoute] | None = None,
     ) -> None:
         self.service = service
         self.requests: Requests = requests if requests is not None else cast(Requests, service)
@@ -156,6 +157,9 @@ class ApiServer:
         self.name = name
         self.now_ns = now_ns
         self.unix_now_ns = unix_now_ns  # to bound a request's deadline_unix_ns
+        # Model name -> the name its current version is served under (the daemon's service
+        # keeps it); a name not in it is submitted as it is.
+        self.routes: Mapping[str, ModelRoute] = routes if routes is not None else {}
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None

@@ -72,6 +72,7 @@ class _Pending:
     """An accepted InferRequest waiting for its outcome."""
 
     received_ns: int
+    model_version: int = 0  # the version it was routed to (0: a name without a route)
     service_id: int | None = None  # None until submit returned (or if it answered at once)
     done: bool = False
 
@@ -174,14 +175,16 @@ class ApiSession:
             self._send_infer_reply(request.request_id, *refusal)
             return
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
-        entry = _Pending(self._server.now_ns())
+        route = self._server.routes.get(request.model)  # read here, once: a swap is atomic
+        model, version = (route.target, route.version) if route is not None else (request.model, 0)
+        entry = _Pending(self._server.now_ns(), version)
         self._pending[request.request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
         try:
             service_id = self._requests.submit(
-                request.model,
+                model,
                 request.inputs,
                 slo_ns=slo_ns,
                 deadline_unix_ns=request.deadline_unix_ns,
@@ -232,6 +235,7 @@ class ApiSession:
             timing_ns=timing_ns,
             executor_id=outcome.executor_id or "",
             batch_size=outcome.batch_size,
+            model_version=entry.model_version,
         )
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
@@ -280,20 +284,23 @@ class ApiSession:
             self._send(ModelsReply(request_id, *refusal))
             return
         # The task holds a copy of the model's bytes, never the message (nor its frame).
-        self._start_upload(request_id, request.name, onnx.tobytes(), request.model_toml)
+        self._start_upload(request, onnx.tobytes())
 
-    def _start_upload(
-        self, request_id: int, name: str, onnx_bytes: bytes, model_toml: str | None
-    ) -> None:
+    def _start_upload(self, request: AddModel, onnx_bytes: bytes) -> None:
         """Run an admitted upload; its share of the server's budget is given back once."""
         hold = _UploadHold(self._server, len(onnx_bytes))
+        request_id, name, model_toml = request.request_id, request.name, request.model_toml
+        replace = request.replace
 
         async def add() -> ModelsReply:
             try:
-                status = await self._service.add_model(name, onnx_bytes, model_toml)
+                status = await self._service.add_model(
+                    name, onnx_bytes, model_toml, replace=replace
+                )
             finally:
                 hold.release()  # before the reply: the client may upload again at once
-            return _models_reply(request_id, f"model {name!r} added", status)
+            done = f"replaced by version {status.version}" if replace else "added"
+            return _models_reply(request_id, f"model {name!r} {done}", status)
 
         task = self._spawn_admin(request_id, "add_model", add)
         task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
