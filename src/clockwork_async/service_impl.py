@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from clockwork_async.api.service import Health, ModelRoute, ServiceError
@@ -89,6 +89,7 @@ class DaemonService:
         self._lock = asyncio.Lock()
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
+        self.on_change: Callable[[], None] = _nothing  # after every add, remove and rescan
         driver.outcome_listeners.append(metrics.observe_outcome)
         driver.action_listeners.append(metrics.observe_action)
 
@@ -151,7 +152,7 @@ class DaemonService:
         instance. A taken name is ``model_exists`` unless ``replace``: then the new version
         is registered beside the old one and takes its name in one step (`_swap`). Raises
         ServiceError."""
-        async with self._lock:
+        async with self._lock, self._changing():
             self._check_not_instance(name)
             old = self._served.get(name)
             if not replace:
@@ -168,6 +169,14 @@ class DaemonService:
                 raise
             await self._retire(retired)
             return self._status(entry.instances[0], ())
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """Tell `on_change` when a change ends, however it ends."""
+        try:
+            yield
+        finally:
+            self.on_change()
 
     async def _check_name_free(self, name: str, served: ModelEntry | None) -> None:
         """Raises ServiceError(model_exists) if ``name`` is served or has a folder."""
@@ -245,7 +254,7 @@ class DaemonService:
     async def remove_model(self, name: str) -> None:
         """Unregister every instance of folder ``name`` (queued requests are answered
         ``unknown_model``, running ones finish), then delete the folder. Raises ServiceError."""
-        async with self._lock:
+        async with self._lock, self._changing():
             self._check_not_instance(name)
             entry = self._served.get(name)
             if entry is not None:
@@ -261,7 +270,7 @@ class DaemonService:
     async def rescan(self) -> RescanReport:
         """Bring the served models in line with the repository: unregister removed or changed
         folders, register new or changed ones. Failures are logged and reported."""
-        async with self._lock:
+        async with self._lock, self._changing():
             entries = {
                 entry.name: entry for entry in await asyncio.to_thread(self._repository.scan)
             }
@@ -374,6 +383,10 @@ class DaemonService:
             self._registration.cache.put(entry.sha256, machine, profile.to_json())
         except OSError as error:
             log.warning("profile of %r not cached: %s", entry.name, error)
+
+
+def _nothing() -> None:
+    pass
 
 
 def served_name(instance: str, version: int) -> str:

@@ -239,8 +239,9 @@ def test_a_busy_port_fails_the_start_with_status_1(tmp_path: Path) -> None:
         args = ["--config", str(config), "--set", f"server.listen=127.0.0.1:{port}"]
         finished = run_serve(tmp_path, args)
     assert finished.returncode == 1
-    assert f"client API on 127.0.0.1:{port}" in finished.stderr
-    assert "daemon stopped" in finished.stderr  # its executor was stopped too
+    assert f"server.listen = 127.0.0.1:{port}: the client API cannot" in finished.stderr
+    assert "executor local-0" not in finished.stderr  # the port failed it before any executor
+    assert "daemon stopped" in finished.stderr
 
 
 def test_sighup_registers_new_folders_and_drops_removed_ones(

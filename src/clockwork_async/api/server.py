@@ -120,6 +120,7 @@ def auth_from_config(server: ServerConfig) -> TokenAuth:
 class ServerState(Enum):
     NEW = "new"
     STARTING = "starting"  # binding the listener
+    BOUND = "bound"  # the address is ours, not listening: connections are refused until SERVING
     SERVING = "serving"
     CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
     CLOSED = "closed"  # closed, or the listener could not be bound
@@ -127,7 +128,8 @@ class ServerState(Enum):
 
 _TRANSITIONS = {
     ServerState.NEW: (ServerState.STARTING, ServerState.CLOSED),
-    ServerState.STARTING: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.STARTING: (ServerState.BOUND, ServerState.CLOSED),
+    ServerState.BOUND: (ServerState.SERVING, ServerState.CLOSED),
     ServerState.SERVING: (ServerState.CLOSING,),
     ServerState.CLOSING: (ServerState.CLOSED,),
     ServerState.CLOSED: (),
@@ -212,8 +214,14 @@ class ApiServer:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
-        """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
-        picks one, see `address`). Raises ValueError for a bad address, OSError if busy; the
+        """`bind` then `serve`."""
+        await self.bind(address, ssl=ssl)
+        await self.serve()
+
+    async def bind(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
+        """Take ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0 picks
+        one, see `address`) without accepting connections yet: a daemon takes its ports before
+        it starts anything slow. Raises ValueError for a bad address, OSError if busy; the
         server is then CLOSED (`close` returns at once). Raises RuntimeError unless NEW."""
         self._enter(ServerState.STARTING)
         try:
@@ -223,9 +231,15 @@ class ApiServer:
             self._closed.set()
             raise
         else:
-            self._enter(ServerState.SERVING)
+            self._enter(ServerState.BOUND)
         finally:
             self._start_done.set()
+
+    async def serve(self) -> None:
+        """Accept connections on the bound address. Raises RuntimeError unless BOUND."""
+        self._enter(ServerState.SERVING)
+        assert self._listener is not None
+        await self._listener.start_serving()
 
     async def _listen(self, address: str, ssl: ssl_module.SSLContext | None) -> asyncio.Server:
         parsed = parse_address(address)
@@ -239,6 +253,7 @@ class ApiServer:
             write_high_water_bytes=self.limits.max_write_buffer_bytes,
             allow_half_close=True,  # a client that ends its writing still gets its replies
             ssl=ssl,
+            start_serving=False,
         )
         if isinstance(parsed, UnixAddress):
             self._address = str(parsed)
@@ -257,6 +272,13 @@ class ApiServer:
             await self._closed.wait()
             return
         if self._state is ServerState.NEW:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            return
+        if self._state is ServerState.BOUND:  # never served: nothing to drain
+            assert self._listener is not None
+            self._listener.close()
+            await self._listener.wait_closed()
             self._enter(ServerState.CLOSED)
             self._closed.set()
             return
