@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from clockwork_async.api.auth import client_ssl_context
+from clockwork_async.cli import stdout_closed
 from clockwork_async.client import (
     DEFAULT_ADDRESS,
     Client,
@@ -73,6 +74,8 @@ def run_verb(verb: str, parser: Parser, argv: list[str], body: Callable[[Any], i
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
     except (ClientError, TimeoutError, OSError) as error:
+        if isinstance(error, BrokenPipeError) and stdout_closed():
+            raise  # our reader went away, not the daemon: `cli.main` ends quietly
         print(f"clockwork-async {verb}: {error}", file=sys.stderr)
         return 1
 

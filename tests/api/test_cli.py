@@ -4,7 +4,10 @@ server in its own thread."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +151,19 @@ def test_stats_and_health(
     threaded_server.service.health_now = type(threaded_server.service.health_now)(True, False, "x")
     assert main(["health", *address]) == 1
     assert "not ready: x" in capsys.readouterr().out
+
+
+def test_a_reader_that_goes_away_ends_the_verb_quietly(threaded_server: ThreadedServer) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `clockwork-async stats | head` once head has exited
+    argv = [sys.executable, "-m", "clockwork_async", "stats", "--address", threaded_server.address]
+    try:
+        done = subprocess.run(
+            argv, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
 
 
 def test_bench_open_loop_summary(
