@@ -317,8 +317,8 @@ class Daemon:
         report = await self.service.rescan()
         if not self.service.served:
             log.warning("no model registered; add one with `clockwork-async models add`")
-        if report.failed:
-            log.error("models not registered: %s", ", ".join(report.failed))
+        if report.failed or report.skipped:
+            log.error("models not registered: %s", report.problems())
 
     def _open_repository(self) -> Repository:
         repository_config = self.config.repository
@@ -431,12 +431,7 @@ class Daemon:
     async def _rescan(self) -> None:
         assert self.service is not None
         report = await self.service.rescan()
-        log.info(
-            "rescan: added %s, removed %s, failed %s",
-            list(report.added),
-            list(report.removed),
-            list(report.failed),
-        )
+        log.info("rescan: %s", report.summary())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coroutine)

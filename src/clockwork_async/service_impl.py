@@ -37,6 +37,7 @@ from clockwork_async.repository import (
     ModelNotFound,
     Repository,
     RepositoryError,
+    ScanProblem,
 )
 from clockwork_async.runtime.driver import Driver, RegisteredModel
 from clockwork_async.runtime.executor_link import LinkError
@@ -51,11 +52,21 @@ RETIRE_TIMEOUT_S = 30.0  # a replaced version's queued requests may take this lo
 
 @dataclass(frozen=True, slots=True)
 class RescanReport:
-    """What a repository rescan changed: instance-less folder names per list."""
+    """What a repository rescan changed: instance-less folder names per list, and the folders
+    it skipped (not a valid model folder) with why."""
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # valid folders whose registration failed
+    skipped: tuple[ScanProblem, ...] = ()
+
+    def summary(self) -> str:
+        """One line for the log: every list, skipped folders with their reasons."""
+        return f"added {list(self.added)}, removed {list(self.removed)}, {self.problems()}"
+
+    def problems(self) -> str:
+        skipped = "; ".join(f"{problem.folder} ({problem.reason})" for problem in self.skipped)
+        return f"failed {list(self.failed)}, skipped [{skipped}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,9 +282,10 @@ class DaemonService:
         """Bring the served models in line with the repository: unregister removed or changed
         folders, register new or changed ones. Failures are logged and reported."""
         async with self._lock, self._changing():
-            entries = {
-                entry.name: entry for entry in await asyncio.to_thread(self._repository.scan)
-            }
+            scan = await asyncio.to_thread(self._repository.scan_report)
+            for problem in scan.problems:
+                log.warning("model folder %r skipped: %s", problem.folder, problem.reason)
+            entries = {entry.name: entry for entry in scan.entries}
             removed = [name for name, old in self._served.items() if entries.get(name) != old]
             for name in removed:
                 await self._unregister(self._served[name])
@@ -288,7 +300,7 @@ class DaemonService:
                     failed.append(name)
                 else:
                     added.append(name)
-            return RescanReport(tuple(added), tuple(removed), tuple(failed))
+            return RescanReport(tuple(added), tuple(removed), tuple(failed), scan.problems)
 
     # --- registration ----------------------------------------------------------------------------
 

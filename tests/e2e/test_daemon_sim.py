@@ -248,14 +248,25 @@ def test_sighup_registers_new_folders_and_drops_removed_ones(
     daemon: DaemonProcess, client: Client
 ) -> None:
     folder = add_tiny(Path(daemon_repository(daemon)), "by-hand")
+    (Path(daemon_repository(daemon)) / "no-model").mkdir()
     daemon.signal(signal.SIGHUP)
     _wait_for_models(client, lambda names: "by-hand" in names)
+    _wait_for_log(daemon, "rescan: added ['by-hand']")
+    assert "skipped [no-model (no-model/ has no model.onnx)]" in daemon.log()
+    (Path(daemon_repository(daemon)) / "no-model").rmdir()
     assert client.infer("by-hand", row(5), slo_ms=SLO_MS).outputs["output"][0, 0] == 5
     shutil.rmtree(folder)
     daemon.signal(signal.SIGHUP)
     _wait_for_models(client, lambda names: "by-hand" not in names)
     assert client.infer("by-hand", row(5)).status == Outcome.UNKNOWN_MODEL
     assert client.infer("tiny", row(1), slo_ms=SLO_MS).ok
+
+
+def _wait_for_log(daemon: DaemonProcess, text: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in daemon.log():
+        assert time.monotonic() < deadline, f"{text!r} not logged"
+        time.sleep(0.05)
 
 
 def _wait_for_models(

@@ -235,3 +235,16 @@ async def test_a_failed_replace_keeps_the_old_version_served_and_its_files(
     assert setup.service.routes["tiny-0"] == ModelRoute("tiny-0", 1)
     assert (tmp_path / "models" / "tiny" / "model.onnx").read_bytes() == before
     assert Repository(tmp_path / "models").get("tiny").version == 1
+
+
+async def test_a_rescan_reports_the_folders_it_skipped_with_why(
+    setup: Setup, tmp_path: Path
+) -> None:
+    (tmp_path / "models" / "empty").mkdir()
+    (tmp_path / "models" / "junk").mkdir()
+    (tmp_path / "models" / "junk" / "model.onnx").write_bytes(b"not onnx")
+    report = await setup.service.rescan()
+    assert report.added == ("tiny",) and report.failed == ()
+    assert [problem.folder for problem in report.skipped] == ["empty", "junk"]
+    summary = report.summary()
+    assert "failed [], skipped [empty (empty/ has no model.onnx); junk (model 'junk'" in summary
