@@ -91,6 +91,7 @@ def test_no_reply_is_ok_after_its_deadline(client: Client) -> None:
 def test_absolute_deadlines_are_converted_from_unix_time(client: Client) -> None:
     past = client.infer("tiny", row(1), deadline_unix_ns=time.time_ns() - 1_000 * MS_NS)
     assert past.status == Outcome.INFEASIBLE
+    assert "(0.00 ms left)" in past.message and "-" not in past.message  # not a -1000 ms SLO
     future = client.infer("tiny", row(2), deadline_unix_ns=time.time_ns() + 2_000 * MS_NS)
     assert future.ok and future.outputs["output"][0, 0] == 2
 
