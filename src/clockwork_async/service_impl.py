@@ -190,8 +190,13 @@ class DaemonService:
             self.on_change()
 
     async def _check_name_free(self, name: str, served: ModelEntry | None) -> None:
-        """Raises ServiceError(model_exists) if ``name`` is served or has a folder."""
-        if served is None and not await asyncio.to_thread(self._repository.has, name):
+        """Raises ServiceError: ``model_exists`` if ``name`` is served or has a folder, the
+        repository's code for a name it refuses."""
+        try:
+            taken = served is not None or await asyncio.to_thread(self._repository.has, name)
+        except RepositoryError as error:
+            raise ServiceError(error.code, str(error)) from None
+        if not taken:
             return
         what = f"version {served.version}" if served is not None else "a folder not served"
         raise ServiceError(

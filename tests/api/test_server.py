@@ -64,6 +64,19 @@ async def test_infer_round_trip_carries_outputs_timing_and_deadline(
     assert service.submitted[1].slo_ns is None and service.submitted[1].deadline_unix_ns == 123
 
 
+async def test_async_client_is_the_twin_of_client_made_from_an_address(server: ApiServer) -> None:
+    async with AsyncClient(server.address, name="twin") as client:
+        assert (await client.infer("echo", {"x": ROW})).ok
+        assert client.server_name == "clockwork-async"
+    unopened = AsyncClient(server.address)
+    with pytest.raises(ConnectionClosedError, match="not connected"):
+        await unopened.infer("echo", {"x": ROW})
+    await unopened.close()  # nothing to close
+    with pytest.raises(ConnectError):
+        async with AsyncClient(server.address, connect_timeout_s=0.0):
+            pass
+
+
 async def test_unknown_model_and_bad_deadlines_are_named(client: AsyncClient) -> None:
     assert (await client.infer("nope", {"x": ROW})).status == "unknown_model"
     both = await client.infer("echo", {"x": ROW}, slo_ms=1.0, deadline_unix_ns=5)
