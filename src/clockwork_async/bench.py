@@ -347,7 +347,13 @@ async def bench(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
     summary = summarize(run, duration_ns, {**described, "models": models})
     summary["config"] = {"address": args.address, "slo_ms": args.slo_ms, "seed": args.seed}
     if args.plot is not None:
-        summary["plots"] = [str(p) for p in write_plots(run, duration_ns, args.plot, args.slo_ms)]
+        try:
+            plots = write_plots(run, duration_ns, args.plot, args.slo_ms)
+        except ImportError as error:  # the run's summary matters more than its pictures
+            summary["plot_error"] = f"no plots: {error} (pip install matplotlib)"
+            print(f"clockwork-async bench: {summary['plot_error']}", file=sys.stderr)
+            plots = []
+        summary["plots"] = [str(p) for p in plots]
     return summary
 
 

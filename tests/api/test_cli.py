@@ -166,6 +166,23 @@ def test_a_reader_that_goes_away_ends_the_verb_quietly(threaded_server: Threaded
     assert (done.returncode, done.stderr) == (141, "")
 
 
+def test_bench_without_matplotlib_keeps_its_summary(
+    threaded_server: ThreadedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    argv = ["bench", "--models", "echo", "--rate", "50", "--duration-s", "0.2"]
+    argv += ["--plot", str(tmp_path / "png"), "--address", threaded_server.address]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["plots"] == [] and "matplotlib" in summary["plot_error"]
+    assert summary["ok"] >= 1
+    assert "Traceback" not in captured.err and "no plots" in captured.err
+
+
 def test_bench_open_loop_summary(
     threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
