@@ -12,8 +12,8 @@ Parts:
   profile's exactly unless ``--sim-noise S`` (each ``x max(0.5, 1 + S N(0,1))``).
 - ``daemon-sim``: real time: the real daemon (``clockwork-async serve``, a subprocess) with 6
   simulated executors (ResNet50-V100 profile, 1,376 pages of 16 MiB each) serving 4,026
-  instances (``copies``), the trace replayed from a separate process by `benchmarks.trace_load`
-  (the `clockwork_async.bench` generator); full mode a 30-minute window, quick 2 minutes. The
+  instances (``copies``), the trace replayed from a separate process by ``clockwork-async
+  bench --trace --copies``; full mode a 30-minute window, quick 2 minutes. The
   trace's rate is multiplied by ``--rt-scale`` (default 0.1, about 95 req/s: every request
   carries a 602 KB image to the daemon and on to an executor, and on 2 cores the daemon falls
   behind well before the trace's full ~950 req/s; see docs/benchmarks-experiments-b.md).
@@ -39,39 +39,32 @@ lag). Writes
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
+from benchmarks.lib import (
+    RESULTS,
     DaemonProcess,
     add_model,
+    copy_to_docs,
     daemon_config,
     keep_log,
     load_average,
-    run_uvloop,
-    table,
-)
-from benchmarks.sim_common import (
-    AZURE_SAMPLE,
-    RESULTS,
-    Row,
-    copy_to_docs,
-    environment,
-    interval_for,
+    machine_description,
     percent,
     plot_panels,
     pyplot,
+    registration_profile,
     rejected_text,
-    run_sim,
-    windows,
+    run_bench,
+    run_uvloop,
+    table,
     write_json,
 )
+from benchmarks.lib.sim import AZURE_SAMPLE, Row, interval_for, run_sim, windows
 from clockwork_async.sim.profiles import RESNET50_V100
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
 from clockwork_async.sim.workloads import trace_replay
@@ -166,14 +159,6 @@ def start_ort_daemon(folder: Path, instances: int) -> DaemonProcess:
     return DaemonProcess.start(folder, daemon_config(folder))
 
 
-def _pinned_nice(cpus: set[int]) -> Any:
-    def prepare() -> None:
-        os.sched_setaffinity(0, cpus)
-        os.nice(10)
-
-    return prepare
-
-
 def replay(
     daemon: DaemonProcess,
     trace: Path,
@@ -184,27 +169,19 @@ def replay(
     out: Path,
     pin: bool,
 ) -> Row:
-    """Run `benchmarks.trace_load` against ``daemon``; returns its summary. Raises
-    RuntimeError when it leaves no summary."""
-    argv = [sys.executable, "-m", "benchmarks.trace_load", "--address", daemon.api]
-    argv += ["--prefix", prefix, "--instances", str(instances), "--trace", str(trace)]
-    argv += ["--minutes", str(minutes), "--load-scale", f"{load_scale:.6f}"]
-    argv += ["--slo-ms", str(SLO_MS), "--out", str(out)]
-    before = load_average()
-    prepare = _pinned_nice({min(os.sched_getaffinity(0))}) if pin else None
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=prepare,
-    )
-    if not out.exists():
-        raise RuntimeError(f"trace_load failed ({done.returncode}): {done.stderr[-2000:]}")
-    summary: Row = json.loads(out.read_text())
-    summary["load_average"] = [before, load_average()]
-    summary["generator_exit_status"] = done.returncode
+    """Replay the trace onto the ``instances`` copies of ``prefix`` with ``clockwork-async
+    bench --trace`` in a process of its own (pinned to the controller's CPU at nice 10 when
+    ``pin``); returns its summary with its timeline. Raises RuntimeError when it leaves no
+    summary."""
+    flags = ["--model", prefix, "--copies", str(instances), "--trace", str(trace)]
+    flags += ["--duration-s", str(minutes * 60.0), "--load-scale", f"{load_scale:.6f}"]
+    flags += ["--slo-ms", str(SLO_MS), "--seed", "1", "--grace-s", "5", "--timeline"]
+    summary = run_bench(daemon.api, out, flags, pin=pin)
+    summary["load_average"] = [
+        summary.pop("load_average_before"),
+        summary.pop("load_average_after"),
+    ]
+    summary["generator_exit_status"] = summary.pop("bench_exit_status")
     summary["generator_pinned"] = pin
     return summary
 
@@ -269,7 +246,7 @@ def daemon_sim_part(plan: Plan, trace: Path, out: Path) -> Row:
 
 
 def daemon_ort_part(plan: Plan, trace: Path, out: Path) -> Row:
-    from benchmarks.cpu_serving import registration_profile, rule_capacity
+    from benchmarks.cpu_serving import rule_capacity
 
     with tempfile.TemporaryDirectory(prefix="clockwork-azure-ort-") as name:
         folder = Path(name)
@@ -444,7 +421,7 @@ def goals(parts: list[Row]) -> Row:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     add = parser.add_argument
     add("--quick", action="store_true", help="10 min virtual; 2-minute real-time windows")
@@ -460,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     add("--trace", type=Path, default=AZURE_SAMPLE)
     add("--out", type=Path, default=RESULTS)
     add("--docs", action="store_true", help="copy the PNGs to docs/img/exp4-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     parts = [p for p in args.parts.split(",") if p]
     if not parts or any(p not in PARTS for p in parts):
@@ -478,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     plan = Plan(**{**asdict(base), **{k: v for k, v in overrides.items() if v is not None}})
     args.out.mkdir(parents=True, exist_ok=True)
-    machine = environment()
+    machine = machine_description()
     found: list[Row] = []
     if "sim" in parts:
         found.append(sim_part(plan, args.trace, args.policy, args.sim_noise))

@@ -24,6 +24,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from benchmarks.lib import percentile
 from clockwork_async.wire.codec import Decoder, Encoder
 from clockwork_async.wire.messages import ActionResult, Infer, Message
 
@@ -52,10 +53,10 @@ def _timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
         start_ns = time.perf_counter_ns()
         fn()
         samples_ns.append(time.perf_counter_ns() - start_ns)
-    samples = np.array(samples_ns) / 1000
+    ordered = sorted(samples_ns)
     return {
-        "median_us": float(np.median(samples)),
-        "p99_us": float(np.percentile(samples, 99)),
+        "median_us": percentile(ordered, 50) / 1000,
+        "p99_us": percentile(ordered, 99) / 1000,
         "n": repeats,
     }
 
@@ -132,11 +133,15 @@ def _table(rows: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.codec", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
     parser.add_argument("--json", type=Path, default=Path("results/codec.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     repeats = 300 if args.quick else 5000
     rows = run(repeats)
     print(_table(rows))

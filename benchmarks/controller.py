@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from tests.core.harness import KIND, MS, RESNET, SIZES, MiniSim, make_spec
 
+from benchmarks.lib import percentile
 from clockwork_async.core.capacity import capacity_rps
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
@@ -131,8 +131,8 @@ def measure(case: Case, seed: int, repeats: int) -> dict[str, Any]:
         "requests": requests,
         "events": len(ctl.log),
         "us_per_request": cpu_s / requests * 1e6,
-        "arrival_median_us": statistics.median(ordered) / 1e3,
-        "arrival_p99_us": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] / 1e3,
+        "arrival_median_us": percentile(ordered, 50) / 1e3,
+        "arrival_p99_us": percentile(ordered, 99) / 1e3,
         "core_requests_per_s": requests / cpu_s,
         "outcomes": dict(outcomes),
         "counters": dict(ctl.stats(with_executors=False).counters),
@@ -169,7 +169,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short runs (about a minute)")
     parser.add_argument("--executors", type=int, help="one case: this many executors")
@@ -181,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3, help="replays per case (best kept)")
     parser.add_argument("--json", type=Path, help="default: results/controller[-quick].json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.executors is not None:
         seconds = 2.0 if args.quick else args.seconds
         cases = [Case(args.executors, args.models, args.load, seconds, args.cold, args.policy)]

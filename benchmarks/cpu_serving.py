@@ -7,9 +7,9 @@ executors under open-loop Poisson load from a separate process.
 The daemon (``clockwork-async serve``, temporary config and XDG homes) runs its default
 executors: one ONNX Runtime CPU executor per CPU left after the controller's, each pinned, one
 intra-op thread. Its repository holds ``resnet-like`` only; registration profiles it.
-The load comes from ``clockwork-async bench``: a separate process pinned to the controller's
-CPU (so it never takes an executor's) at nice 10 (so the controller preempts it when both are
-ready); its send lag is reported. Its JSON summary is kept for every run.
+The load comes from ``clockwork-async bench`` (`benchmarks.lib.run_bench`): a separate process
+pinned to the controller's CPU (so it never takes an executor's) at nice 10 (so the controller
+preempts it when both are ready); its send lag is reported. Its JSON summary is kept for every run.
 
 1. Capacity. The profile rule of `core.capacity` (the largest b with 2 exec(b) + margin <= SLO
    gives b / exec(b) requests/s, exec from the registration profile) sets the offered load of a
@@ -26,16 +26,14 @@ replies p50/p99/p99.9, and the generator's send lag. Writes ``results/cpu_servin
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,
@@ -43,7 +41,11 @@ from benchmarks.common import (
     keep_log,
     load_average,
     machine_description,
+    pyplot,
+    registration_profile,
+    run_bench,
     run_uvloop,
+    save,
     table,
     write_report,
 )
@@ -80,16 +82,6 @@ def start_daemon(folder: Path) -> DaemonProcess:
     return DaemonProcess.start(folder, daemon_config(folder))
 
 
-def registration_profile(folder: Path) -> dict[str, Any]:
-    """The profile registration measured (from the daemon's profile cache): batch sizes and,
-    per executor kind, ``execute_ns`` by batch size. Raises RuntimeError if there is none."""
-    for path in sorted((folder / "profiles").glob("*.json")):
-        profile = json.loads(path.read_text()).get("profile")
-        if profile and profile.get("kinds"):
-            return dict(profile)
-    raise RuntimeError(f"no registration profile under {folder / 'profiles'}")
-
-
 def rule_capacity(profile: dict[str, Any], slo_ms: float) -> dict[str, Any]:
     """`core.capacity`'s rule on the first executor kind: batch, exec(b) and requests/s."""
     from clockwork_async.core.capacity import capacity_batch, capacity_rps
@@ -112,59 +104,16 @@ def rule_capacity(profile: dict[str, Any], slo_ms: float) -> dict[str, Any]:
 
 # --- one bench run -------------------------------------------------------------------------------
 
-GENERATOR_NICE = 10  # the generator shares the controller's CPU and yields it to the controller
-
-
-def _generator_process(cpus: set[int]) -> None:
-    """In the generator's child process, before exec: pin it and lower its priority."""
-    os.sched_setaffinity(0, cpus)
-    os.nice(GENERATOR_NICE)
-
 
 def bench(
     daemon: DaemonProcess, rate_rps: float, duration_s: float, slo_ms: float, out: Path, seed: int
 ) -> dict[str, Any]:
-    """``clockwork-async bench`` at ``rate_rps`` for ``duration_s``; returns its summary.
-    Raises RuntimeError if it fails without a summary."""
-    argv = [
-        sys.executable,
-        "-m",
-        "clockwork_async",
-        "bench",
-        "--address",
-        daemon.api,
-        "--model",
-        MODEL,
-        "--rate",
-        f"{rate_rps:.3f}",
-        "--duration-s",
-        str(duration_s),
-        "--slo-ms",
-        str(slo_ms),
-        "--seed",
-        str(seed),
-        "--progress-s",
-        "0",
-        "--json",
-        str(out),
-    ]
-    generator_cpus = {min(os.sched_getaffinity(0))}  # the controller's: no executor there
-    load_before = load_average()
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=lambda: _generator_process(generator_cpus),
-    )
-    if not out.exists():
-        raise RuntimeError(f"bench failed ({done.returncode}): {done.stderr[-2000:]}")
-    summary: dict[str, Any] = json.loads(out.read_text())
-    summary["load_average_before"] = load_before
-    summary["load_average_after"] = load_average()
-    summary["bench_exit_status"] = done.returncode
-    return summary
+    """``clockwork-async bench`` (a process pinned to the controller's CPU at nice 10) at
+    ``rate_rps`` for ``duration_s``; returns its summary. Raises RuntimeError if it fails
+    without a summary."""
+    flags = ["--model", MODEL, "--rate", f"{rate_rps:.3f}", "--duration-s", str(duration_s)]
+    flags += ["--slo-ms", str(slo_ms), "--seed", str(seed)]
+    return run_bench(daemon.api, out, flags)
 
 
 def row_of(label: str, slo_ms: float, target_rps: float, summary: dict[str, Any]) -> dict[str, Any]:
@@ -295,13 +244,8 @@ def print_report(result: dict[str, Any]) -> None:
 
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """Goodput and ok latency vs offered load for the 100 ms runs (None without matplotlib)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     chosen = [result["saturation"]] + [r for r in result["runs"] if r["slo_ms"] == SLO_MS]
     chosen.sort(key=lambda r: r["offered_rps"])
@@ -321,11 +265,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     right.axhline(SLO_MS, color="red", linestyle="--", label="SLO")
     right.set(xlabel="offered load (req/s)", ylabel="latency (ms)", yscale="log")
     right.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path, dpi=80)
 
 
 def set_controller(daemon: DaemonProcess, how: str) -> None:
@@ -373,7 +313,7 @@ async def _stats(address: str) -> dict[str, Any]:
     return {key: stats.get(key) for key in keep}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu_serving", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="short runs (about two minutes)")
@@ -385,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         "to the lowest CPU, or allowed every CPU",
     )
     parser.add_argument("--json", type=Path, default=RESULTS / "cpu_serving.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     machine = machine_description()
     result = {

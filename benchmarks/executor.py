@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -36,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.lib import machine_description, percentile
 from clockwork_async.demo import (
     NEVER_NS,
     DemoError,
@@ -99,15 +98,9 @@ class LoadStats:
     load_over_memcpy: float
 
 
-def nearest_rank(sorted_values: Sequence[int], percent: float) -> int:
-    """The nearest-rank percentile of an ascending, non-empty sequence."""
-    rank = max(1, math.ceil(percent / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
-
-
 def infer_stats(model: str, batch: int, pinned: bool, mode: str, values: list[int]) -> InferStats:
     ordered = sorted(values)
-    p50, p99 = nearest_rank(ordered, 50), nearest_rank(ordered, 99)
+    p50, p99 = percentile(ordered, 50), percentile(ordered, 99)
     return InferStats(
         model,
         batch,
@@ -116,7 +109,7 @@ def infer_stats(model: str, batch: int, pinned: bool, mode: str, values: list[in
         len(ordered),
         p50,
         p99,
-        nearest_rank(ordered, 99.9),
+        percentile(ordered, 99.9),
         ordered[-1],
         round(p99 / p50, 3),
     )
@@ -132,7 +125,7 @@ def memcpy_floor_ns(nbytes: int, repeats: int) -> int:
         start_ns = time.perf_counter_ns()
         np.copyto(target, source)
         times.append(time.perf_counter_ns() - start_ns)
-    return nearest_rank(sorted(times), 50)
+    return percentile(sorted(times), 50)
 
 
 # --- driving one executor ---------------------------------------------------------------------
@@ -212,10 +205,10 @@ async def bench_model(
             pinned,
             reply.weights_bytes,
             len(loads),
-            nearest_rank(loads, 50),
-            nearest_rank(loads, 99),
+            percentile(loads, 50),
+            percentile(loads, 99),
             floor_ns,
-            round(nearest_rank(loads, 50) / max(floor_ns, 1), 2),
+            round(percentile(loads, 50) / max(floor_ns, 1), 2),
         )
     )
     _ok(await session.call(lambda i: Load(i, name, 0, NEVER_NS)))
@@ -250,31 +243,6 @@ async def bench_executor(
 
 
 # --- reporting ----------------------------------------------------------------------------------
-
-
-def machine_description() -> dict[str, Any]:
-    import onnxruntime
-    import uvloop
-
-    cpu_model = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": cpu_model,
-        "cpus": os.cpu_count(),
-        "affinity": sorted(os.sched_getaffinity(0)),
-        "load_average": os.getloadavg(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "uvloop": getattr(uvloop, "__version__", "unknown"),
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
 
 
 def _ms(ns: int) -> str:
@@ -336,13 +304,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.executor", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="few samples, batch 1/4/16")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-shared", action="store_true", help="demo models only")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     import uvloop
 
     report = uvloop.run(run(args))

@@ -3,8 +3,9 @@
     python -m benchmarks.faults [--quick] [--faults N] [--rate R] [--executors N] [--json OUT]
 
 The real daemon (``clockwork-async serve`` on a temporary config) runs several simulated
-executors; one process here sends Poisson open-loop requests over 16 instances of a model (more
-than the executors hold, so LOADs keep happening) and, one fault at a time, injects:
+executors; this process sends Poisson open-loop requests (`clockwork_async.bench`'s `Run`) over
+16 instances of a model (more than the executors hold, so LOADs keep happening) and, one fault
+at a time, injects:
 
 - ``kill-load``, ``kill-infer``, ``kill-idle``: SIGKILL while the executor's load lane runs a
   LOAD, its execute lane an INFER, or neither. The phase is read from ``/proc``: a lane thread
@@ -37,13 +38,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,
@@ -51,16 +53,19 @@ from benchmarks.common import (
     keep_log,
     load_average,
     machine_description,
-    nearest_rank,
+    percentile,
     run_uvloop,
     table,
     write_report,
 )
+from clockwork_async.bench import Run, copy_names
 from clockwork_async.client import AsyncClient, ClientError, InferResult
+from clockwork_async.sim.workloads import poisson
 
 NS_PER_S = 1_000_000_000
 MODEL = "m"  # served as m-0 .. m-{COPIES-1}
 COPIES = 16
+SENDING_HORIZON_S = 24 * 3600.0  # arrivals are drawn lazily; sending stops when cancelled
 SLOWDOWN = 100.0  # tiny-sim x100: LOAD 100 ms, INFER 50/60/80 ms at batch 1/2/4
 PAGE_BYTES = 1 << 20  # tiny-sim holds 3 MiB: 3 pages
 MODELS_PER_EXECUTOR = 4
@@ -101,7 +106,8 @@ def executors_toml(count: int) -> str:
 # Default heartbeats (200 ms x 3 missed: down after 0.7 s of silence). The restart backoff
 # counts as healthy after 2 s instead of 10 s: the benchmark kills each executor every few
 # seconds on purpose, which the default would treat as a crash loop and slow down.
-LINK_SECTION = """max_profile_execute_ms = 100.0
+LINK_SECTION = """[profiler]
+max_execute_ns = 100000000
 [executor_link]
 reconnect_backoff_healthy_s = 2.0
 """
@@ -175,43 +181,35 @@ class Sent:
 
 
 @dataclass
-class Sender:
-    """Poisson arrivals over the model's instances; never waits for a reply to send."""
+class SentLog:
+    """A `clockwork_async.bench.Observer`: one `Sent` per request, times monotonic ns."""
 
-    client: AsyncClient
-    plan: Plan
+    origin_ns: int  # the bench run's start
     requests: list[Sent] = field(default_factory=list)
-    stopped: bool = False
 
-    async def run(self) -> None:
-        rng = np.random.default_rng(self.plan.seed)
-        inputs = {"input": np.ones((1, 4), np.float32)}
-        next_s = time.monotonic()
-        while not self.stopped:
-            next_s += rng.exponential(1.0 / self.plan.rate_per_s)
-            await asyncio.sleep(max(0.0, next_s - time.monotonic()))
-            self._send(f"{MODEL}-{rng.integers(COPIES)}", inputs)
+    def on_sent(self, index: int, model: str, scheduled_ns: int, sent_ns: int) -> None:
+        self.requests.append(Sent(self.origin_ns + sent_ns))
 
-    def _send(self, model: str, inputs: dict[str, np.ndarray]) -> None:
-        record = Sent(time.monotonic_ns())
-        self.requests.append(record)
-        try:
-            pending = self.client.start_infer(model, inputs, slo_ms=self.plan.slo_ms)
-        except ClientError:
-            record.reply_ns, record.status = record.sent_ns, "connection_error"
-            return
-        pending.add_done_callback(lambda result: _record(record, result))
-
-    def unanswered(self) -> int:
-        return sum(not record.status for record in self.requests)
+    def on_answer(
+        self, index: int, sent_ns: int, now_ns: int, answer: InferResult | ClientError
+    ) -> None:
+        record = self.requests[index]
+        record.reply_ns = self.origin_ns + now_ns
+        if isinstance(answer, InferResult):
+            record.status, record.executor_id = answer.status, answer.executor_id
+        else:
+            record.status = "connection_error"
 
 
-def _record(record: Sent, result: InferResult | ClientError) -> None:
-    record.reply_ns = time.monotonic_ns()
-    if isinstance(result, InferResult):
-        record.status, record.executor_id = result.status, result.executor_id
-    else:
-        record.status = "connection_error"
+def sender(client: AsyncClient, plan: Plan) -> tuple[Run, SentLog, Iterator[Any]]:
+    """A bench run over the model's copies, its log, and Poisson arrivals over the copies at
+    the plan's rate that go on until the sending task is cancelled."""
+    inputs = {"input": np.ones((1, 4), np.float32)}
+    run = Run(client, dict.fromkeys(copy_names(MODEL, COPIES), inputs))
+    log = SentLog(run.start_ns)
+    run.observers = (log,)
+    workload = poisson(COPIES, plan.rate_per_s, SENDING_HORIZON_S)
+    return run, log, workload.open_arrivals(np.random.default_rng(plan.seed))
 
 
 # --- faults --------------------------------------------------------------------------------------
@@ -317,27 +315,22 @@ async def run(plan: Plan, folder: Path) -> dict[str, Any]:
     with start_daemon(folder, plan) as daemon:
         sender_client = await AsyncClient.connect(daemon.api)
         stats_client = await AsyncClient.connect(daemon.api)
-        sender = Sender(sender_client, plan)
-        sending = asyncio.create_task(sender.run())
+        load, log, arrivals = sender(sender_client, plan)
+        sending = asyncio.create_task(load.open_loop(arrivals, plan.slo_ms))
         try:
             await asyncio.sleep(2.0)  # warm up: models loaded, predictions learned
             faults = await run_faults(daemon, stats_client, plan)
             await asyncio.sleep(1.0)
         finally:
-            sender.stopped = True
-            await sending
-        await _wait_answers(sender, plan.slo_ms / 1000 + GRACE_S)
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+        await load.finish(plan.slo_ms / 1000 + GRACE_S)
         daemon_stats = await stats_client.stats()
         for client in (sender_client, stats_client):
             await client.close()
-    first_ok_after(faults, sender.requests)
-    return report(plan, sender.requests, faults, daemon_stats)
-
-
-async def _wait_answers(sender: Sender, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while sender.unanswered() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    first_ok_after(faults, log.requests)
+    return report(plan, log.requests, faults, daemon_stats)
 
 
 def first_ok_after(faults: list[Fault], requests: list[Sent]) -> None:
@@ -366,7 +359,7 @@ def seconds_summary(values: list[float | None]) -> dict[str, Any]:
         return {"n": 0}
     return {
         "n": len(measured),
-        "p50_s": round(nearest_rank(measured, 50), 3),
+        "p50_s": round(percentile(measured, 50), 3),
         "max_s": round(measured[-1], 3),
     }
 
@@ -445,7 +438,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.faults", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="20 faults, 3 executors")
@@ -453,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, help="requests per second, open loop")
     parser.add_argument("--executors", type=int, help="simulated executors (at least 2)")
     parser.add_argument("--json", type=Path, default=RESULTS / "faults.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     overrides = {"faults": args.faults, "rate_per_s": args.rate, "executors": args.executors}

@@ -48,7 +48,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     keep_log,
     load_average,
@@ -444,7 +444,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"daemon RSS {rss['start']:.1f} -> peak {rss['peak']:.1f} -> {rss['end']:.1f} MiB")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz_api", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="10^4 frames, short phases")
@@ -453,7 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=RESULTS / "fuzz_api.json")
     parser.add_argument("--fuzzer", metavar="ADDRESS", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.frames is None:
         args.frames = 10_000 if args.quick else 1_000_000
     if args.fuzzer:  # the fuzzer process: JSON counts on stdout

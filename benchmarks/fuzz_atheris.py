@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS, load_average, machine_description, table, write_report
+from benchmarks.lib import RESULTS, load_average, machine_description, table, write_report
 
 CHILD_TIMEOUT_S = 3600
 INPUT_TIMEOUT_S = 5.0
@@ -160,7 +160,7 @@ def print_report(result: dict[str, Any]) -> None:
         print("reproducers:", ", ".join(result["crash_files"]))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fuzz_atheris", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="20,000 inputs")
@@ -168,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-len", type=int, default=4096, help="largest input in bytes")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if importlib.util.find_spec("atheris") is None:
         print("atheris is not installed: pip install atheris (docs/reliability.md)")
         return 2

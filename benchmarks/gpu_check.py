@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import machine_description, nearest_rank, table
 from benchmarks.gpu_models import build_big_mlp
+from benchmarks.lib import machine_description, percentile, percentile_of, percentiles, table
 
 MIB = 1 << 20
 NAME = "gpu_check"
@@ -83,11 +83,9 @@ def tail_stats_ns(values: Iterable[int]) -> dict[str, Any]:
     if not ordered:
         return {"n": 0}
     stats: dict[str, Any] = {"n": len(ordered)}
-    for label, percent in (("p50", 50), ("p99", 99), ("p99.9", 99.9), ("p99.99", 99.99)):
-        stats[f"{label}_us"] = round(nearest_rank(ordered, percent) / 1e3, 2)
-    stats["max_us"] = round(ordered[-1] / 1e3, 2)
+    stats |= percentiles(ordered, (50, 99, 99.9, 99.99), scale=1e-3, digits=2, suffix="_us")
     stats["p99.99_over_p50"] = round(
-        nearest_rank(ordered, 99.99) / max(1, ordered[len(ordered) // 2]), 4
+        percentile(ordered, 99.99) / max(1, percentile(ordered, 50)), 4
     )
     return stats
 
@@ -271,7 +269,7 @@ def copy_floor(ops: Any, sizes: Iterable[int], reps: int) -> list[dict[str, Any]
         for _ in range(3):
             floor.copy_ns()
         samples = sorted(floor.copy_ns() for _ in range(reps))
-        p50 = nearest_rank(samples, 50)
+        p50 = percentile(samples, 50)
         rows.append(
             {"bytes": size, "p50_us": round(p50 / 1e3, 2), "GB_per_s": round(size / p50, 2)}
         )
@@ -379,7 +377,7 @@ def measure_infers(
             stats: dict[str, Any] = {key: tail_stats_ns(v) for key, v in phases.items()}
             stats["sm_clock_mhz"] = {
                 "min": min(clocks),
-                "median": int(np.median(clocks)),
+                "median": int(percentile_of(clocks, 50)),
                 "max": max(clocks),
             }
             stats["wall_s"] = round(time.monotonic() - start, 2)
@@ -497,7 +495,7 @@ def summary_rows(report: dict[str, Any]) -> list[list[Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -506,7 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "results"))
     parser.add_argument("--budget-s", type=float, default=270.0, help="stop measuring after this")
     parser.add_argument("--skip-conformance", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     budget, plan = Budget(args.budget_s), QUICK if args.quick else FULL
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {

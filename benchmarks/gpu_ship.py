@@ -136,11 +136,15 @@ def print_plan(folder: Path, parts: list[Path], small: list[Path]) -> None:
         print(f"call {index + 1}: carry={carry} command={command!r} ({total / MIB:.1f} MiB)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dir", type=Path, default=Path(".gpu-wheels"))
     parser.add_argument("--part-mib", type=int, default=58)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     args.dir.mkdir(parents=True, exist_ok=True)
     ensure_ignored(args.dir)
     download(args.dir)

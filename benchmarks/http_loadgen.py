@@ -1,5 +1,8 @@
 """An open-loop HTTP load generator for the peers of `benchmarks.peer_ray`, run as a process of
-its own:
+its own. It stays apart from ``clockwork-async bench`` (the one generator of every other
+benchmark) because it speaks another protocol: Ray Serve's HTTP/1.1 proxy, raw float32 bodies
+with Ray's per-request timeout header, not the daemon's client API; it shares bench's arrival
+schedule (`arrival_schedule`) and the library's statistics.
 
     python -m benchmarks.http_loadgen --port P --model M.onnx --rate R --duration-s D
         --slo-ms S --seed K --out FILE.json [--host H] [--path /] [--max-connections N]
@@ -44,6 +47,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks.lib import percentiles_ms
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
@@ -357,20 +362,6 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
 # --- summaries -----------------------------------------------------------------------------------
 
 
-def percentiles_ms(values_ns: Sequence[int]) -> dict[str, float | None]:
-    """Nearest-rank p50/p99/p99.9 and the max of durations in ns, in ms (None when empty)."""
-    ordered = sorted(values_ns)
-    found: dict[str, float | None] = {}
-    for percent in (50, 99, 99.9):
-        if not ordered:
-            found[f"p{percent:g}"] = None
-            continue
-        rank = max(1, math.ceil(percent / 100 * len(ordered)))
-        found[f"p{percent:g}"] = round(ordered[min(rank, len(ordered)) - 1] / NS_PER_MS, 3)
-    found["max"] = round(ordered[-1] / NS_PER_MS, 3) if ordered else None
-    return found
-
-
 def summarize_rows(rows: Mapping[str, Sequence[Any]], duration_s: float) -> dict[str, Any]:
     """Outcomes, goodput, ok share, latency and send lag of some rows. ``ok`` counts every
     success the server gave (``ok`` and ``late`` rows: Ray's proxy answers 408 once a request
@@ -399,7 +390,7 @@ def summarize_rows(rows: Mapping[str, Sequence[Any]], duration_s: float) -> dict
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.http_loadgen", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--host", default="127.0.0.1")
@@ -418,8 +409,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="a request this late against its schedule is not sent (status behind)",
     )
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
-    from benchmarks.common import run_uvloop
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from benchmarks.lib import run_uvloop
 
     result = run_uvloop(run_load(args))
     result["summary"] = summarize_rows(result["rows"], args.duration_s)

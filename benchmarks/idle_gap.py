@@ -42,10 +42,17 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS, machine_description, nearest_rank, table, write_report
 from benchmarks.executor import Plan as ExecutorPlan
 from benchmarks.executor import back_to_back_ns, pipelined
-from benchmarks.exp_common import pyplot, save
+from benchmarks.lib import (
+    RESULTS,
+    machine_description,
+    percentiles,
+    pyplot,
+    save,
+    table,
+    write_report,
+)
 from clockwork_async.demo import NEVER_NS, ExecutorSession, infer_action, spawn_executor
 from clockwork_async.wire.messages import ActionResult, Load, ModelInfo
 
@@ -72,13 +79,11 @@ FULL = Plan(bursts=320, back_to_back=2000, in_process=300, repeats=4)
 SETTINGS = ("sleeps", "keep-warm")  # the execute lane between actions
 
 
-def percentiles_ms(values_ns: Sequence[int]) -> dict[str, float]:
-    """n and p50/p90/p99 (nearest rank) in ms."""
-    ordered = sorted(values_ns)
-    row: dict[str, float] = {"n": len(ordered)}
-    for percent in (50, 90, 99):
-        row[f"p{percent}_ms"] = round(nearest_rank(ordered, percent) / MS_NS, 4)
-    return row
+def percentiles_ms(values_ns: Sequence[int]) -> dict[str, float | None]:
+    """n and p50/p90/p99 in ms."""
+    found = percentiles(values_ns, (50, 90, 99), scale=1 / MS_NS, digits=4, suffix="_ms")
+    del found["max_ms"]
+    return {"n": len(values_ns), **found}
 
 
 # --- part 1: the real executor ------------------------------------------------------------------
@@ -364,7 +369,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     for column, model in enumerate(models):
         _gap_axes(axes[0][column], result["rows"], model)
         _condition_axes(axes[1][column], result["rows"], model)
-    return save(plt, fig, path)
+    return save(plt, fig, path, dpi=90)
 
 
 def _gap_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
@@ -407,13 +412,17 @@ def _condition_axes(ax: Any, rows: list[dict[str, Any]], model: str) -> None:
     ax.legend(fontsize=7)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.idle_gap", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="few samples (about half a minute)")
     parser.add_argument("--models", default="resnet-like,mlp", help="demo models, comma-separated")
     parser.add_argument("--json", type=Path, help="write the result here")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     plan = QUICK if args.quick else FULL
     result = run(plan, [name for name in args.models.split(",") if name])
     print_report(result)

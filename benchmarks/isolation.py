@@ -17,12 +17,13 @@ daemon and three phases of equal length:
   ``bg-0``/``bg-1`` with a long SLO (1 s), which keeps the executor busy all the time;
 - after: latency-sensitive load alone again.
 
-Both clients are `benchmarks.exp_common` recorder processes (pinned to the controller's CPU at
-nice 10), so every request has a row. Reports, per phase, the latency-sensitive ok share and ok
-latency p50/p99/max (goal for `clockwork`: ok share and p99 during ~ before, p99 < SLO, late 0),
-and the background's throughput. Writes ``results/isolation[-quick].json`` and
-``isolation[-quick].png`` (latency of each latency-sensitive request over time, background
-goodput per second beside it, one panel per policy), prints a table.
+Both clients are ``clockwork-async bench --rows`` processes (`benchmarks.lib.spawn_recorder`,
+pinned to the controller's CPU at nice 10), so every request has a row. Reports, per phase,
+the latency-sensitive ok share and ok latency p50/p99/max (goal for `clockwork`: ok share and
+p99 during ~ before, p99 < SLO, late 0), and the background's throughput. Writes
+``results/isolation[-quick].json`` and ``isolation[-quick].png`` (latency of each
+latency-sensitive request over time, background goodput per second beside it, one panel per
+policy), prints a table.
 """
 
 from __future__ import annotations
@@ -36,32 +37,31 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    RESULTS,
-    keep_log,
-    load_average,
-    machine_description,
-    run_uvloop,
-    table,
-    write_report,
-)
-from benchmarks.cpu_serving import MODEL, registration_profile
-from benchmarks.exp_common import (
+from benchmarks.cpu_serving import MODEL
+from benchmarks.lib import (
     NS_PER_MS,
     NS_PER_S,
     POLICIES,
+    RESULTS,
     LoadSpec,
     ModelFolder,
     collect,
     daemon_stats,
     demo_model_bytes,
+    keep_log,
+    load_average,
+    machine_description,
     outcome_summary,
     pyplot,
     record,
+    registration_profile,
+    run_uvloop,
     save,
     select,
     spawn_recorder,
     start_daemon,
+    table,
+    write_report,
 )
 
 LS_MODELS = ("ls-0", "ls-1")
@@ -229,7 +229,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     for ax, run in zip(axes[:, 0], runs, strict=True):
         _latency_panel(ax, run)
     axes[-1][0].set_xlabel("time since the latency-sensitive load started (s)")
-    return save(plt, fig, path)
+    return save(plt, fig, path, dpi=90)
 
 
 def _latency_panel(ax: Any, run: dict[str, Any]) -> None:
@@ -292,7 +292,7 @@ def _per_second(recorded: dict[str, Any], origin_ns: int) -> tuple[list[float], 
     return [s + 0.5 for s in seconds], [counts[s] for s in seconds]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.isolation", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="15 s phases (about 3 minutes)")
@@ -301,7 +301,11 @@ def main(argv: list[str] | None = None) -> int:
         "--ls-slo-ms", type=float, default=50.0, help="0: 3 exec(b16) + exec(b1) of the profile"
     )
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = replace(QUICK if args.quick else FULL, ls_slo_ms=args.ls_slo_ms)
     policies = [p for p in args.policies.split(",") if p]
     out = args.json or RESULTS / f"isolation{'-quick' if args.quick else ''}.json"

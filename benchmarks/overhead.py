@@ -28,6 +28,10 @@ throughput with N requests always in flight (replies/s and ok replies/s). From t
 driver total, sends), as deltas over each target's blocks.
 
 Goals (issue 4): serial round trip <= 3x the echo's; pipelined throughput >= 25% of the echo's.
+
+The probes (`serial`, `pipelined`) are closed loops of their own, not ``clockwork-async
+bench``: they measure one connection's round trip and a fixed number in flight, the same way
+against the echo server and the daemon, adding samples up over interleaved blocks.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,
@@ -464,7 +468,7 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"daemon loop lag after the {phase} phase (ready-callback wait, µs): {lag}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="a smoke run (about a minute)")
@@ -474,7 +478,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="default: results/overhead.json")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.serve_echo:
         run_uvloop(serve_echo())
         return 0

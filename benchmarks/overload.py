@@ -7,7 +7,8 @@ The daemon (``clockwork-async serve``, temporary config) runs one simulated exec
 ``tiny-sim`` profile slowed ``--slowdown`` times (50: batch 1/4/8/16 take 25/40/60/100 ms), so
 capacity is modest and this one process can offer ten times it. Capacity is the profile rule
 of `core.capacity` (largest b with 2 exec(b) + margin <= SLO: b4 at 100 ms, 100 requests/s).
-Open-loop Poisson load from this process on one connection: ``before`` at 50% of capacity,
+Open-loop Poisson load from this process on one connection (`clockwork_async.bench`'s `Run`
+through `phases`, observed by `PhaseLog`): ``before`` at 50% of capacity,
 ``overload`` at ``--factor`` x capacity (quick: 10 s, full: 60 s), ``after`` at 50% again.
 
 Reported: the daemon's and its executors' resident memory over time (sampled from /proc every
@@ -18,13 +19,14 @@ were answered ``ok`` (goal <= 1 s; the ``before`` phase's ok fraction is reporte
 since a tight SLO has a few ``infeasible`` answers even at 50% load). Writes
 ``results/overload.json`` and ``results/overload.png`` (RSS and offered/goodput over time).
 
-`soak` reuses `Phase`, `LoadRun` and `ProcSampler` from here.
+`soak` reuses `Phase`, `PhaseLog`, `ProcSampler` and `drive` from here.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import math
 import sys
 import tempfile
@@ -36,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
     add_model,
@@ -45,11 +47,16 @@ from benchmarks.common import (
     keep_log,
     load_average,
     machine_description,
+    pyplot,
     run_uvloop,
+    save,
     summarize_ns,
     table,
     write_report,
 )
+from clockwork_async.bench import Run
+from clockwork_async.bench import drive as drive_run
+from clockwork_async.bench import phases as poisson_phases
 from clockwork_async.client import AsyncClient, ClientError, InferResult
 
 MODEL = "tiny"
@@ -158,88 +165,57 @@ class Phase:
 
 
 @dataclass
-class LoadRun:
-    """Open-loop Poisson requests, phase after phase, on one connection. Every request sent
-    is counted once: by its status when answered, or as lost after the grace period."""
+class PhaseLog:
+    """A `clockwork_async.bench.Observer` of a run of phases: answers by status and ok latency
+    per phase (the phase of the request's scheduled time), and requests sent, ok by send time
+    and ok by reply time per ``BIN_S`` bin. Answers that never came (lost) are in none."""
 
-    client: AsyncClient
-    inputs: dict[str, np.ndarray]
-    slo_ms: float
-    start_ns: int = field(default_factory=time.monotonic_ns)
+    phases: list[Phase]
     sent: int = 0
-    answered: int = 0
     statuses: dict[str, Counter[str]] = field(default_factory=dict)
     latency_ns: dict[str, list[int]] = field(default_factory=dict)
     sent_bins: Counter[int] = field(default_factory=Counter)
     ok_by_sent_bin: Counter[int] = field(default_factory=Counter)
     ok_by_reply_bin: Counter[int] = field(default_factory=Counter)
     not_ok: list[tuple[float, str]] = field(default_factory=list)  # (sent_s, status), capped
-    _books_closed: bool = False
+    _phase_of: list[str] = field(default_factory=list)  # by request index
+    _ends_ns: list[int] = field(default_factory=list)
 
-    def now_s(self) -> float:
-        return (time.monotonic_ns() - self.start_ns) / NS_PER_S
-
-    async def run(self, phases: list[Phase], rng: np.random.Generator) -> None:
-        """Send every phase's arrivals at their times; never wait for replies."""
-        phase_start_s = 0.0
-        for phase in phases:
+    def __post_init__(self) -> None:
+        end_ns = 0
+        for phase in self.phases:
             self.statuses.setdefault(phase.name, Counter())
             self.latency_ns.setdefault(phase.name, [])
-            await self._phase(phase, phase_start_s, rng)
-            phase_start_s += phase.duration_s
+            end_ns += round(phase.duration_s * NS_PER_S)
+            self._ends_ns.append(end_ns)
 
-    async def _phase(self, phase: Phase, start_s: float, rng: np.random.Generator) -> None:
-        at_s, end_s, burst = start_s, start_s + phase.duration_s, 0
-        while True:
-            at_s += rng.exponential(1.0 / phase.rate_rps)
-            if at_s >= end_s:
-                break
-            delay_s = at_s - self.now_s()
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
-                burst = 0
-            elif (burst := burst + 1) % 64 == 0:
-                await asyncio.sleep(0)  # behind schedule: let replies in now and then
-            self.send(phase.name)
-        await asyncio.sleep(max(0.0, end_s - self.now_s()))
-
-    def send(self, phase: str) -> None:
-        sent_s = self.now_s()
+    def on_sent(self, index: int, model: str, scheduled_ns: int, sent_ns: int) -> None:
+        at = bisect.bisect_right(self._ends_ns, scheduled_ns)
+        self._phase_of.append(self.phases[min(at, len(self.phases) - 1)].name)
         self.sent += 1
-        self.sent_bins[int(sent_s / BIN_S)] += 1
-        try:
-            pending = self.client.start_infer(MODEL, self.inputs, slo_ms=self.slo_ms)
-        except ClientError as error:
-            self._answered(phase, sent_s, error)
-            return
-        pending.add_done_callback(lambda answer: self._answered(phase, sent_s, answer))
+        self.sent_bins[_bin(sent_ns)] += 1
 
-    def _answered(self, phase: str, sent_s: float, answer: InferResult | ClientError) -> None:
-        if self._books_closed:
-            return
-        self.answered += 1
+    def on_answer(
+        self, index: int, sent_ns: int, now_ns: int, answer: InferResult | ClientError
+    ) -> None:
+        phase = self._phase_of[index]
         if isinstance(answer, ClientError):
             self.statuses[phase]["connection_closed"] += 1
             return
         self.statuses[phase][answer.status] += 1
         if not answer.ok and len(self.not_ok) < MAX_NOT_OK:
-            self.not_ok.append((round(sent_s, 3), answer.status))
+            self.not_ok.append((round(sent_ns / NS_PER_S, 3), answer.status))
         if answer.ok:
-            now_s = self.now_s()
-            self.latency_ns[phase].append(round((now_s - sent_s) * NS_PER_S))
-            self.ok_by_sent_bin[int(sent_s / BIN_S)] += 1
-            self.ok_by_reply_bin[int(now_s / BIN_S)] += 1
-
-    async def finish(self, grace_s: float) -> int:
-        """Wait up to ``grace_s`` for the answers still due; returns how many never came."""
-        deadline_s = self.now_s() + grace_s
-        while self.answered < self.sent and self.now_s() < deadline_s:
-            await asyncio.sleep(0.05)
-        self._books_closed = True
-        return self.sent - self.answered
+            self.latency_ns[phase].append(now_ns - sent_ns)
+            self.ok_by_sent_bin[_bin(sent_ns)] += 1
+            self.ok_by_reply_bin[_bin(now_ns)] += 1
 
 
-def recovery_s(run: LoadRun, overload_end_s: float, horizon_s: float) -> float | None:
+def _bin(time_ns: int) -> int:
+    return int(time_ns / NS_PER_S / BIN_S)
+
+
+def recovery_s(run: PhaseLog, overload_end_s: float, horizon_s: float) -> float | None:
     """Seconds from ``overload_end_s`` to the start of the first bin from which, of the
     requests sent within the next RECOVERY_WINDOW_S, at least RECOVERY_OK_FRACTION were
     answered ok; None if that never happens before ``horizon_s``."""
@@ -260,7 +236,7 @@ def ok_fraction(statuses: Counter[str]) -> float | None:
     return round(statuses["ok"] / total, 4) if total else None
 
 
-def series(run: LoadRun, duration_s: float, step_s: float = 0.5) -> dict[str, list[float]]:
+def series(run: PhaseLog, duration_s: float, step_s: float = 0.5) -> dict[str, list[float]]:
     """Offered and goodput (ok replies by reply time) per ``step_s``, in requests/s."""
     per = round(step_s / BIN_S)
     steps = math.ceil(duration_s / step_s)
@@ -273,7 +249,7 @@ def series(run: LoadRun, duration_s: float, step_s: float = 0.5) -> dict[str, li
     return out
 
 
-def phase_report(run: LoadRun, phases: list[Phase]) -> list[dict[str, Any]]:
+def phase_report(run: PhaseLog, phases: list[Phase]) -> list[dict[str, Any]]:
     """Per phase: offered rate, answers by status, goodput, ok latency."""
     rows = []
     for phase in phases:
@@ -309,34 +285,32 @@ FULL = Plan(before_s=10.0, overload_s=60.0, after_s=30.0)
 
 async def drive(
     daemon: DaemonProcess, phases: list[Phase], slo_ms: float, sample_period_s: float
-) -> tuple[LoadRun, ProcSampler, int, dict[str, Any]]:
-    """Run ``phases`` against the daemon while sampling /proc (from the moment the client is
-    connected, and once more after it left); returns the run, the sampler, the lost count and
-    the daemon's stats at the end."""
+) -> tuple[PhaseLog, ProcSampler, int, dict[str, Any]]:
+    """Run ``phases`` (open-loop Poisson, `clockwork_async.bench` in this process) against the
+    daemon while sampling /proc (from the moment the client is connected, and once more after
+    it left); returns the phase log, the sampler, the lost count and the daemon's stats."""
     async with await AsyncClient.connect(daemon.api) as client:
-        run = LoadRun(client, {"input": np.ones((1, 4), np.float32)}, slo_ms)
+        run = Run(client, {MODEL: {"input": np.ones((1, 4), np.float32)}})
+        log = PhaseLog(phases)
+        run.observers = (log,)
         sampler = ProcSampler(daemon.pid, sample_period_s, run.start_ns)
         sampling = asyncio.create_task(sampler.run())
         try:
-            await run.run(phases, np.random.default_rng(1))
-            lost = await run.finish(2 * slo_ms / 1000 + 2.0)
+            workload = poisson_phases(1, [(p.rate_rps, p.duration_s) for p in phases])
+            await drive_run(run, workload, slo_ms=slo_ms, rng=np.random.default_rng(1))
+            lost = run.recorder.outstanding
             stats = await client.stats()
         finally:
             sampling.cancel()
     await asyncio.sleep(sample_period_s)  # let the daemon close its side
     sampler.sample()
-    return run, sampler, lost, stats
+    return log, sampler, lost, stats
 
 
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """RSS (daemon, executors) and offered/goodput over time; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     samples, rates = result["rss_samples"], result["series"]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
@@ -353,11 +327,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     start, end = result["overload_window_s"]
     for axis in (top, bottom):
         axis.axvspan(start, end, color="red", alpha=0.08)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path, dpi=80)
 
 
 def run(plan: Plan, factor: float, slowdown: float, slo_ms: float) -> dict[str, Any]:
@@ -423,7 +393,7 @@ def print_report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overload", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="10 s of overload, not 60 s")
@@ -431,7 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=50.0, help="tiny-sim slowdown")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "overload.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     result: dict[str, Any] = {
         "benchmark": "overload",

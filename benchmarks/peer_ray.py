@@ -56,17 +56,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ray_side
-from benchmarks.common import (
+from benchmarks.cpu_serving import MODEL, bench, rule_capacity
+from benchmarks.http_loadgen import model_input_specs, summarize_rows
+from benchmarks.lib import (
     RESULTS,
     DaemonProcess,
+    ModelFolder,
+    demo_model_bytes,
     keep_log,
     load_average,
     machine_description,
+    registration_profile,
+    start_daemon,
     write_report,
 )
-from benchmarks.cpu_serving import MODEL, bench, registration_profile, rule_capacity
-from benchmarks.exp_common import ModelFolder, demo_model_bytes, start_daemon
-from benchmarks.http_loadgen import model_input_specs, summarize_rows
 from benchmarks.peer_report import goals, markdown, print_tables, write_plot
 
 CAPACITY_SLO_MS = 100.0
@@ -456,13 +459,17 @@ def run(plan: Plan, skip_ray: bool, stem: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_ray", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="the quick subset, 3 s a point")
     parser.add_argument("--skip-ray", action="store_true", help="our daemons only")
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     path = args.json or RESULTS / f"peer_ray{'-quick' if args.quick else ''}.json"
     started = time.monotonic()

@@ -14,13 +14,14 @@ against 0 is written ``inf``; without a value on either side, ``-``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import table
+from benchmarks.lib import pyplot, save, table
 
 OURS = "clockwork"
 RAY = ("ray-http", "ray-handle")
@@ -258,8 +259,6 @@ def markdown(result: dict[str, Any]) -> str:
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """Goodput and ok latency vs offered load at the 10x b1 SLO; goodput and in-SLO share vs
     SLO at 200% load. None without matplotlib."""
-    from benchmarks.exp_common import pyplot, save
-
     plt = pyplot()
     if plt is None:
         return None
@@ -295,10 +294,19 @@ def _ms(row: dict[str, Any], key: str) -> float:
     return float("nan") if value is None else value
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peer_report",
+        description="Re-report saved peer_ray results: tables printed, Markdown and plot "
+        "written beside each.",
+    )
+    parser.add_argument("results", nargs="*", type=Path, help="results/peer_ray[-quick].json")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Re-report a saved result: tables printed, Markdown and plot written beside it."""
-    paths = [Path(a) for a in (argv if argv is not None else sys.argv[1:])]
-    for path in paths:
+    for path in build_parser().parse_args(argv).results:
         result = json.loads(path.read_text())
         result["goals"] = goals(result)
         print_tables(result)

@@ -11,7 +11,8 @@ how close does the controller predict it?
 2. Controller. The real daemon (``clockwork-async serve``, `clockwork` policy, its default pinned
    ONNX Runtime executor) serves every model above under moderate open-loop Poisson load (the
    rate that would keep the executor ~50% busy if every request ran alone at batch 1, split
-   evenly over the models; SLO 100 ms) from a separate recorder process. Each reply carries the
+   evenly over the models; SLO 100 ms) from a separate ``clockwork-async bench --rows``
+   process. Each reply carries the
    measured and the predicted execute time of its batch; per action, the prediction error is
    predicted minus actual (negative: under-predicted, the dangerous side): p50/p99/max of
    |error|, per model and overall, beside the daemon's own ``prediction_errors`` stats.
@@ -33,15 +34,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    RESULTS,
-    keep_log,
-    load_average,
-    machine_description,
-    run_uvloop,
-    table,
-    write_report,
-)
 from benchmarks.executor import (
     DEMO_MODELS,
     SHARED_MODELS_DIR,
@@ -50,8 +42,9 @@ from benchmarks.executor import (
     infer_stats,
 )
 from benchmarks.executor import Plan as ExecutorPlan
-from benchmarks.exp_common import (
+from benchmarks.lib import (
     NS_PER_MS,
+    RESULTS,
     LoadSpec,
     ModelFolder,
     action_errors,
@@ -59,13 +52,19 @@ from benchmarks.exp_common import (
     daemon_stats,
     demo_model_bytes,
     error_summary,
+    keep_log,
+    load_average,
+    machine_description,
     outcome_summary,
     percentiles_ms,
     pyplot,
     record,
+    run_uvloop,
     save,
     shared_model_bytes,
     start_daemon,
+    table,
+    write_report,
 )
 from clockwork_async.demo import NEVER_NS, ExecutorSession, spawn_executor
 from clockwork_async.wire.messages import Load, Message, Unload, UnregisterModel
@@ -347,7 +346,7 @@ def _cdf_plot(plt: Any, samples: dict[str, dict[str, dict[int, list[int]]]], pat
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(models) :]:
         ax.set_visible(False)
-    return save(plt, fig, path)
+    return save(plt, fig, path, dpi=90)
 
 
 def _error_plot(plt: Any, controller: dict[str, Any], path: Path) -> Path:
@@ -369,10 +368,10 @@ def _error_plot(plt: Any, controller: dict[str, Any], path: Path) -> Path:
         f"{controller['duration_s']:g} s",
     )
     ax.legend(fontsize=7)
-    return save(plt, fig, path)
+    return save(plt, fig, path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.predictability", description=__doc__
     )
@@ -380,7 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="about two minutes")
     parser.add_argument("--no-shared", action="store_true", help="demo models only")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     out = args.json or RESULTS / f"predictability{'-quick' if args.quick else ''}.json"
     started = time.monotonic()

@@ -19,6 +19,9 @@ Then each line read is a JSON command, answered by one JSON line:
 - ``{"cmd": "handle_load", "schedule": F.npy, "input": F.npy, "slo_ms": S, "out": F.json,
   "max_lag_s": L}``: open-loop load through a deployment handle from this process (see
   `HandleLoad`); a request more than L s late against its schedule is not sent (``behind``).
+  This load stays apart from ``clockwork-async bench``: it calls a Ray deployment handle
+  inside Ray's own process and venv, which imports nothing of the project (the schedule is
+  bench's, drawn by `benchmarks.http_loadgen.arrival_schedule` and passed in as a file).
 - ``{"cmd": "quit"}``: shut Serve and Ray down and exit.
 
 Invariants:
@@ -389,7 +392,7 @@ def _reply_channel() -> TextIO:
     return replies
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ray_app.py", description=__doc__)
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--port", type=int, required=True)
@@ -405,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         default="thread",
         help="run ONNX Runtime on a thread of its own (default) or on the replica's event loop",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     replies = _reply_channel()
     os.environ.update(RAY_ENVIRONMENT)
     reply = {"ready": start(args)}

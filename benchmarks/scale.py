@@ -9,7 +9,7 @@ evenly over the instances (200 req/s per executor: about 55% of an executor at b
 SLO, `clockwork` policy. Full mode 20 s of virtual time per case, quick 2 s.
 
 Measured per case, on this process's clock:
-- the core's cost: every ``handle`` call timed (`sim_common.TimedController`; two clock reads
+- the core's cost: every ``handle`` call timed (`lib.sim.TimedController`; two clock reads
   around the real core); the serving events' total (all but the registrations and joins at
   time 0, reported apart as set-up) over the requests (µs per request), and per call: p50 /
   p99 over the serving events and over arrivals alone;
@@ -34,19 +34,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, table
-from benchmarks.sim_common import (
+from benchmarks.lib import (
     NS_PER_S,
     RESULTS,
-    Row,
     copy_to_docs,
-    environment,
+    load_average,
+    machine_description,
     percent,
     pyplot,
-    run_sim,
     save,
+    table,
     write_json,
 )
+from benchmarks.lib.sim import Row, run_sim
 from clockwork_async.sim.workloads import poisson
 
 SLO_MS = 100.0
@@ -271,13 +271,18 @@ def write_plot(rows: list[Row], path: Path) -> Path | None:
     return save(plt, fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="2 s of virtual time per case")
     parser.add_argument("--executors", help="comma-separated counts (default 10,25,50,100,150)")
     parser.add_argument("--profile", action="store_true", help="cProfile the biggest case")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="copy the PNG to docs/img/exp6-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else FULL
     if args.executors:
@@ -285,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         if not counts or min(counts) < 1:
             parser.error("executors must be positive integers")
         plan = Plan(counts, plan.seconds)
-    machine = environment()
+    machine = machine_description()
     rows = [run_case(n, plan.seconds) for n in plan.executors]
     result: dict[str, Any] = {
         "experiment": "6: scale",

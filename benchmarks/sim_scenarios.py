@@ -26,16 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sim_common import (
-    AZURE_SAMPLE,
-    B1_MS,
-    POLICIES,
-    PROFILE,
-    RESULTS,
-    Row,
-    interval_for,
-    run_sim,
-)
+from benchmarks.lib import POLICIES, RESULTS, pyplot, save
+from benchmarks.lib.sim import AZURE_SAMPLE, B1_MS, PROFILE, Row, interval_for, run_sim
 from clockwork_async.sim.report import capacity_rps
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
 from clockwork_async.sim.workloads import Workload, poisson, ramp, slo_sweep_ms, trace_replay
@@ -156,13 +148,8 @@ def write_plots(
     runs: list[tuple[Row, dict[str, list[float]]]], directory: Path, suffix: str
 ) -> list[Path]:
     """PNGs per scenario (skipped, with a note, when matplotlib is missing)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plots", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return []
     paths = []
     for scenario, keys in (("a", ("goodput_rps", "resident_models")), ("b", ("goodput_rps",))):
@@ -184,10 +171,7 @@ def _plot_timelines(
             ax.plot(series["time_s"], series[key], label=row["policy"])
         ax.set(xlabel="simulated time (s)", ylabel=key, title=runs[0][0]["case"])
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path)
 
 
 def _plot_sweeps(plt: Any, rows: list[Row], directory: Path, suffix: str) -> list[Path]:
@@ -208,21 +192,21 @@ def _plot_sweeps(plt: Any, rows: list[Row], directory: Path, suffix: str) -> lis
             ax.axhline(chosen[0]["capacity_rps"], color="gray", linestyle="--", label="capacity")
         ax.set(xlabel=xlabel, ylabel=y_key, xscale="log" if scenario == "c" else "linear")
         ax.legend()
-        fig.tight_layout()
-        path = directory / f"sim_{scenario}{suffix}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save(plt, fig, directory / f"sim_{scenario}{suffix}.png"))
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="short runs (a minute or two)")
     parser.add_argument("--only", default="a,b,c,d", help="scenarios to run, e.g. a,d")
     parser.add_argument("--azure-minutes", type=float, help="minutes of the trace for (b)")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     chosen = set(args.only.split(","))
     runners = {
         "a": lambda: scenario_a(args.quick),

@@ -33,24 +33,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
-    RESULTS,
-    keep_log,
-    load_average,
-    machine_description,
-    run_uvloop,
-    table,
-    write_report,
-)
-from benchmarks.cpu_serving import MODEL, bench, registration_profile, row_of, rule_capacity
-from benchmarks.exp_common import (
+from benchmarks.cpu_serving import MODEL, bench, row_of, rule_capacity
+from benchmarks.lib import (
     POLICIES,
+    RESULTS,
     ModelFolder,
     daemon_stats,
     demo_model_bytes,
+    keep_log,
+    load_average,
+    machine_description,
     pyplot,
+    registration_profile,
+    run_uvloop,
     save,
     start_daemon,
+    table,
+    write_report,
 )
 from benchmarks.sim_scenarios import B1_MS as SIM_B1_MS
 from benchmarks.sim_scenarios import simulate
@@ -255,16 +254,20 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    return save(plt, fig, path)
+    return save(plt, fig, path, dpi=90)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.slo_sweep", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="5 SLOs, 10 s each")
     parser.add_argument("--only", default="real,sim", help="real, sim or both (default)")
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     chosen = set(args.only.split(","))
     out = args.json or RESULTS / f"slo_sweep{'-quick' if args.quick else ''}.json"

@@ -20,25 +20,27 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
+from benchmarks.lib import (
     RESULTS,
     keep_log,
     load_average,
     machine_description,
+    percentile_of,
+    pyplot,
     run_uvloop,
+    save,
     summarize_ns,
     write_report,
 )
 from benchmarks.overload import (
     BIN_S,
-    LoadRun,
     Phase,
+    PhaseLog,
     ProcSampler,
     drive,
     rule_capacity_rps,
@@ -51,7 +53,7 @@ def window_median(
 ) -> float | None:
     """The median of ``key`` over samples taken in [start_s, end_s); None if there are none."""
     values = [s[key] for s in samples if start_s <= s["t_s"] < end_s]
-    return statistics.median(values) if values else None
+    return percentile_of(values, 50) if values else None
 
 
 def drift(samples: list[dict[str, float]], key: str, load_s: float) -> dict[str, Any]:
@@ -64,7 +66,7 @@ def drift(samples: list[dict[str, float]], key: str, load_s: float) -> dict[str,
     return {"early": early, "late": late, "drift": change}
 
 
-def ok_by_minute(load_run: LoadRun, load_s: float) -> list[dict[str, Any]]:
+def ok_by_minute(load_run: PhaseLog, load_s: float) -> list[dict[str, Any]]:
     """Requests sent in each minute of the load and the fraction of them answered ``ok``, so
     a run can tell a steady shortfall from a bad stretch (another job on the machine)."""
     bins_per_minute = round(60 / BIN_S)
@@ -89,13 +91,8 @@ def descriptors(sampler: ProcSampler, load_s: float) -> dict[str, Any]:
 
 def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     """Daemon and executor RSS and the daemon's descriptors over time."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", file=sys.stderr)
+    plt = pyplot()
+    if plt is None:
         return None
     samples = result["samples"]
     times = [s["t_s"] for s in samples]
@@ -107,11 +104,7 @@ def write_plot(result: dict[str, Any], path: Path) -> Path | None:
     bottom.plot(times, [s["daemon_fds"] for s in samples], label="daemon open fds")
     bottom.set(xlabel="time (s)", ylabel="descriptors")
     bottom.legend()
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return save(plt, fig, path, dpi=80)
 
 
 def run(minutes: float, load: float, slowdown: float, slo_ms: float) -> dict[str, Any]:
@@ -162,7 +155,7 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"ok fraction by minute: {minutes}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--minutes", type=float, default=20.0)
@@ -171,7 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown", type=float, default=10.0, help="tiny-sim slowdown")
     parser.add_argument("--slo-ms", type=float, default=100.0)
     parser.add_argument("--json", type=Path, default=RESULTS / "soak.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     minutes = 1.0 if args.quick else args.minutes
     result: dict[str, Any] = {
         "benchmark": "soak",

@@ -27,23 +27,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import load_average, table
-from benchmarks.sim_common import (
+from benchmarks.lib import (
     POLICIES,
     RESULTS,
-    Row,
-    Series,
     copy_to_docs,
-    environment,
-    interval_for,
+    load_average,
+    machine_description,
     percent,
     plot_panels,
     pyplot,
     rejected_text,
-    run_sim,
-    windows,
+    table,
     write_json,
 )
+from benchmarks.lib.sim import Row, Series, interval_for, run_sim, windows
 from clockwork_async.sim.workloads import ramp
 
 SLO_MS = 100.0
@@ -185,19 +182,24 @@ def write_plots(runs: list[Row], out: Path, stem: str) -> list[Path]:
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="compressed ramp, 60 s virtual")
     parser.add_argument("--policies", default="clockwork", help="comma-separated policies")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--docs", action="store_true", help="copy the PNGs to docs/img/exp3-*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
     unknown = [p for p in policies if p not in POLICIES]
     if unknown or not policies:
         parser.error(f"policies must be among {', '.join(POLICIES)}")
     plan = QUICK if args.quick else FULL
-    machine = environment()
+    machine = machine_description()
     runs = [run_policy(plan, policy) for policy in policies]
     stem = "thousands-quick" if args.quick else "thousands"
     result: dict[str, Any] = {

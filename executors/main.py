@@ -394,7 +394,7 @@ def _bound_address(server: asyncio.AbstractServer, listen: str) -> str:
         return listen
     sockets: Sequence[socket.socket] = getattr(server, "sockets", None) or []
     host, port = sockets[0].getsockname()[:2]
-    return str(TcpAddress(host, port))
+    return f"tcp:{TcpAddress(host, port)}"
 
 
 def _prepare_unix_path(listen: str) -> Path | None:

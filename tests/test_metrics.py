@@ -17,6 +17,10 @@ from clockwork_async.metrics import (
     Metrics,
     probe_loop_lag,
 )
+from clockwork_async.runtime.requests import ActionRecord
+from clockwork_async.wire.messages import ActionResult
+
+MS_NS = 1_000_000
 
 
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
@@ -119,6 +123,51 @@ def test_loads_evictions_restarts_and_lag(registry: CollectorRegistry) -> None:
     assert value(registry, "clockwork_evictions_total", group="g") == 1
     assert value(registry, "clockwork_executor_restarts_total", executor="local-0") == 1
     assert value(registry, "clockwork_event_loop_lag_seconds_sum") == 0.0
+
+
+def test_a_tracked_executors_restarts_start_at_zero(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    name = "clockwork_executor_restarts_total"
+    assert value(registry, name, executor="local-0") is None
+    metrics.track_executor("local-0")
+    assert value(registry, name, executor="local-0") == 0
+    metrics.executor_restarted("local-0")
+    assert value(registry, name, executor="local-0") == 1
+
+
+def test_executor_busy_seconds_add_up_by_executor_and_kind(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    metrics.observe_busy("local-0", "infer", 0.25)
+    metrics.observe_busy("local-0", "infer", 0.5)
+    metrics.observe_busy("local-0", "load", 0.125)
+    metrics.observe_busy("local-1", "infer", -0.001)  # clock jitter: never negative
+    name = "clockwork_executor_busy_seconds_total"
+    assert value(registry, name, executor="local-0", kind="infer") == 0.75
+    assert value(registry, name, executor="local-0", kind="load") == 0.125
+    assert value(registry, name, executor="local-1", kind="infer") == 0.0
+    with pytest.raises(ValueError, match="busy kind"):
+        metrics.observe_busy("local-0", "unload", 0.1)
+
+
+def test_actions_feed_busy_time_prediction_error_and_loads(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    infer = ActionRecord("infer", "sim", 1, "m-0", 0, predicted_ns=3 * MS_NS)
+    load = ActionRecord("load", "sim", 2, "m-0", 0)
+    ran = ActionResult(
+        1, start_ns=10 * MS_NS, end_ns=14 * MS_NS, durations_ns={"execute": 4 * MS_NS}
+    )
+    metrics.observe_action("g", infer, ran)
+    metrics.observe_action(
+        "g", load, ActionResult(2, end_ns=2 * MS_NS, durations_ns={"load": 2 * MS_NS})
+    )
+    metrics.observe_action("g", infer, ActionResult(3, code="too_late"))  # failed: not counted
+    metrics.observe_action(OTHER, infer, ran)  # a model no longer served: not counted
+    busy = "clockwork_executor_busy_seconds_total"
+    assert value(registry, busy, executor="sim", kind="infer") == 0.004
+    assert value(registry, busy, executor="sim", kind="load") == 0.002
+    error = "clockwork_prediction_error_seconds_sum"
+    assert value(registry, error, kind="infer", direction="slower") == 0.001
+    assert value(registry, "clockwork_load_duration_seconds_count", group="g") == 1
 
 
 def test_thousands_of_instances_keep_label_sets_bounded(registry: CollectorRegistry) -> None:

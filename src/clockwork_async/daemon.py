@@ -40,9 +40,10 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
-from clockwork_async.api.auth import server_ssl_context
-from clockwork_async.api.server import ApiServer, ServerLimits, auth_from_config
+from clockwork_async.api.auth import TokenAuth, server_ssl_context
+from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
@@ -290,6 +291,8 @@ class Daemon:
             raise StartError(f"executors: {error}") from error
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
+        for name in supervisor.children:
+            self.metrics.track_executor(name)
         reconnect = supervisor.on_ready
 
         def on_ready(name: str, address: str) -> None:
@@ -333,8 +336,8 @@ class Daemon:
             self.service,
             requests=self.driver.dispatcher,
             routes=self.service.routes,
-            limits=ServerLimits.from_config(server),
-            auth=auth_from_config(server),
+            limits=server.limits,
+            auth=TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token),
         )
         self.api = api
         try:
@@ -367,7 +370,7 @@ class Daemon:
             raise StartError(
                 f"metrics.listen = {listen}: the metrics endpoint cannot listen there: {error}"
             ) from error
-        self.metrics_address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.metrics_address = str(TcpAddress(host, port))
 
     def _announce(self) -> None:
         assert self.service is not None
@@ -458,7 +461,7 @@ class Daemon:
     async def _drain(self) -> None:
         """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
         the drain timeout, then answer the rest; the API server flushes their replies."""
-        drain_s = self.config.server.drain_timeout_s
+        drain_s = self.config.server.limits.drain_timeout_s
         closing = None
         if self.api is not None:
             closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))

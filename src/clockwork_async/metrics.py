@@ -51,6 +51,8 @@ DROP_REASONS = frozenset(
 )
 ANSWERED_WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
 PREDICTION_KINDS = ("infer", "load")
+# Executor lanes whose busy time is counted: one execute lane and one load lane per executor.
+BUSY_KINDS = ("infer", "load")
 MAX_EXECUTOR_LABELS = 256
 
 
@@ -151,6 +153,13 @@ class Metrics:
             "Executor processes restarted or links re-established.",
             ["executor"],
         )
+        # rate() of it is a lane's utilisation (0..1): each executor runs one action of a kind
+        # at a time. Per-request execute histograms cannot give it (a batch counts once per row).
+        self.executor_busy = counter(
+            "executor_busy_seconds",
+            "Seconds an executor spent running actions that succeeded, by kind (infer, load).",
+            ["executor", "kind"],
+        )
 
     def _define_histograms(self, registry: CollectorRegistry) -> None:
         def histogram(
@@ -244,10 +253,14 @@ class Metrics:
         )
 
     def observe_action(self, group: str, action: ActionRecord, result: ActionResult) -> None:
-        """One action's result, as the dispatcher hands it to its action listeners: prediction
-        errors of INFERs, LOAD durations and evictions (UNLOADs) of successful actions."""
+        """One action's result, as the dispatcher hands it to its action listeners: executor
+        busy time of INFERs and LOADs, prediction errors of INFERs, LOAD durations and
+        evictions (UNLOADs) of successful actions."""
         if not result.ok or group == OTHER:  # a model no longer served
             return
+        if action.kind in BUSY_KINDS:  # both ends are the executor's clock
+            busy_s = (result.end_ns - result.start_ns) / NS_PER_S
+            self.observe_busy(action.executor_id, action.kind, busy_s)
         if action.kind == "infer":
             error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
             self.observe_prediction("infer", error_ns / NS_PER_S)
@@ -272,8 +285,18 @@ class Metrics:
     def observe_loop_lag(self, seconds: float) -> None:
         self.loop_lag.observe(max(0.0, seconds))
 
+    def track_executor(self, executor_id: str) -> None:
+        """Start an executor's restart count at 0, so that increase() sees its first restart."""
+        self.executor_restarts.labels(self._executor(executor_id))
+
     def executor_restarted(self, executor_id: str) -> None:
         self.executor_restarts.labels(self._executor(executor_id)).inc()
+
+    def observe_busy(self, executor_id: str, kind: str, seconds: float) -> None:
+        """One action of ``kind`` (``infer`` or ``load``) ran ``seconds`` on an executor."""
+        if kind not in BUSY_KINDS:
+            raise ValueError(f"busy kind must be one of {BUSY_KINDS}, not {kind!r}")
+        self.executor_busy.labels(self._executor(executor_id), kind).inc(max(0.0, seconds))
 
     def set_snapshot_source(self, source: SnapshotSource | None) -> None:
         """Where the live gauges come from at scrape time (None: no live gauges)."""

@@ -16,6 +16,9 @@ absent); `add` writes it, so a replaced model keeps its count across restarts.
 Instances: ``copies = N`` in model.toml registers the file under ``N`` names, ``NAME-0`` to
 ``NAME-{N-1}`` (``copies = 1``, the default, registers just ``NAME``). They share host weights
 and profiles (by content hash) and have their own device pages.
+
+One idea: the model folders on disk, read only through validated entries and written only by
+an atomic swap that a crash cannot leave half done.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ Invariants:
 - Repository I/O runs in a worker thread; the event loop never blocks on a disk.
 - A registration that fails leaves nothing behind: instances already registered are
   unregistered, and a replaced model's old files are put back (its registration was kept).
+
+One idea: what the daemon serves under which name, changed under one lock: folders, their
+instances and versions, and the routes the client API follows (stats and health only read).
 """
 
 from __future__ import annotations

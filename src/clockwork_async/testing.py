@@ -122,14 +122,16 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         cpus: set[int] | None = None,
         timeout_s: float = START_TIMEOUT_S,
+        python: str = sys.executable,
     ) -> DaemonProcess:
         """Start ``clockwork-async serve [--config CONFIG] ARGS`` (no config: the embedded
-        default) with ``env`` (default: `clean_environ`) on ``cpus`` (default: all); returns
-        once it prints where it serves. Raises RuntimeError, with the end of its log, if it
-        exits first or takes longer than ``timeout_s``."""
+        default) with ``env`` (default: `clean_environ`) on ``cpus`` (default: all), run by
+        ``python`` (another interpreter: another install, e.g. an older build to compare);
+        returns once it prints where it serves. Raises RuntimeError, with the end of its log,
+        if it exits first or takes longer than ``timeout_s``."""
         log_path = folder / "daemon.log"  # a restarted daemon's log follows the last one's
         log_offset = log_path.stat().st_size if log_path.exists() else 0
-        argv = [sys.executable, "-m", "clockwork_async", "serve"]
+        argv = [python, "-m", "clockwork_async", "serve"]
         argv += ["--config", str(config)] if config is not None else []
         with log_path.open("ab") as log:
             process = subprocess.Popen(

@@ -51,6 +51,7 @@ class FakeService:
         self.add_gate: asyncio.Event | None = None  # add_model waits on it when set
         self._next_id = 100
         self.flushes: list[int] = []
+        self.screened: list[tuple[str, int]] = []  # (model, frame bytes) refused by `screen`
 
     # --- Service ---------------------------------------------------------------------------
 
@@ -85,6 +86,19 @@ class FakeService:
 
     def flush(self) -> None:
         self.flushes.append(len(self.submitted))  # how many it had been given by then
+
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        return "the fake is overloaded" if model == "door" else None
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        self._next_id += 1
+        self.screened.append((model, nbytes))
+        self._answer(self._next_id, on_reply, Outcome.OVERLOADED, {}, reason)
+        return self._next_id
 
     def cancel(self, request_id: int) -> None:
         self.cancelled.append(request_id)

@@ -77,6 +77,18 @@ async def test_async_client_is_the_twin_of_client_made_from_an_address(server: A
             pass
 
 
+async def test_a_request_screened_at_the_door_is_answered_overloaded_without_its_tensors(
+    server: ApiServer, service: FakeService, client: AsyncClient
+) -> None:
+    refused = await client.infer("door", {"x": ROW}, slo_ms=5.0)
+    assert refused.status == "overloaded" and refused.message == "the fake is overloaded"
+    assert service.submitted == []  # never decoded into a submit
+    ((model, frame_bytes),) = service.screened
+    assert model == "door" and frame_bytes > ROW.nbytes
+    assert (await client.infer("echo", {"x": ROW})).ok  # the connection goes on
+    assert server.outstanding == 0
+
+
 async def test_unknown_model_and_bad_deadlines_are_named(client: AsyncClient) -> None:
     assert (await client.infer("nope", {"x": ROW})).status == "unknown_model"
     both = await client.infer("echo", {"x": ROW}, slo_ms=1.0, deadline_unix_ns=5)

@@ -80,8 +80,11 @@ def test_no_reply_is_ok_after_its_deadline(client: Client) -> None:
     results = [future.result(30) for future in futures]
     statuses = {result.status for result in results}
     assert Outcome.OK in statuses
-    # `late` (a result that came back after its deadline) is counted honestly, never as ok.
-    assert statuses - {Outcome.OK} <= {Outcome.INFEASIBLE, Outcome.DROPPED, Outcome.LATE}
+    # `late` (a result that came back after its deadline) is counted honestly, never as ok;
+    # `overloaded`: 240 requests in one burst put the daemon's own loop behind what the
+    # tightest SLOs allow (the door, docs/controller.md "The daemon as a lane").
+    early = {Outcome.INFEASIBLE, Outcome.DROPPED, Outcome.LATE, Outcome.OVERLOADED}
+    assert statuses - {Outcome.OK} <= early
     for slo_ms, result in zip(slos_ms, results, strict=True):
         if result.ok:
             assert result.timing_ns["total"] <= slo_ms * MS_NS

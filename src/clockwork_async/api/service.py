@@ -99,6 +99,21 @@ class Requests(Protocol):
         this returns."""
         ...
 
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """Whether a request can be taken, from its frame's header alone (before any of its
+        ``nbytes`` of tensors are kept): None, or why it is refused ``overloaded`` (the
+        daemon's own work is too far behind for its deadline). Changes nothing."""
+        ...
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request `screen` refused ``overloaded`` with ``reason`` (counted like any
+        other answer; ``on_reply`` is called before this returns). Returns its id."""
+        ...
+
     def cancel(self, request_id: int) -> None:
         """Cancel a request by the id ``submit`` returned; unknown ids are ignored."""
         ...

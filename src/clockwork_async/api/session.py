@@ -20,7 +20,7 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,7 @@ from clockwork_async.api.service import InferOutcome, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
-from clockwork_async.wire.codec import EncodeError, ProtocolError
+from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
@@ -101,6 +101,7 @@ class ApiSession:
         self._server = server
         self._service = server.service
         self._requests = server.requests
+        connection.set_screen(self._screen, self._on_screened)
         self._connection = connection
         self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
@@ -175,8 +176,7 @@ class ApiSession:
             self._send_infer_reply(request.request_id, *refusal)
             return
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
-        route = self._server.routes.get(request.model)  # read here, once: a swap is atomic
-        model, version = (route.target, route.version) if route is not None else (request.model, 0)
+        model, version = self._route(request.model)  # read here, once: a swap is atomic
         entry = _Pending(self._server.now_ns(), version)
         self._pending[request.request_id] = entry
         self._idle.clear()
@@ -200,6 +200,40 @@ class ApiSession:
             return
         if not entry.done:
             entry.service_id = service_id
+
+    def _screen(self, cls: type[Any], fields: Mapping[str, Any], nbytes: int) -> str | None:
+        """The door, from an InferRequest's header: the service says whether to keep it."""
+        if cls is not InferRequest or not self._server.accepting_requests:
+            return None
+        slo_ms = fields.get("slo_ms")
+        try:
+            slo_ns = None if slo_ms is None else slo_ms_to_ns(slo_ms)
+        except ValueError:
+            return None  # refused bad_input once decoded
+        model, _ = self._route(fields.get("model", ""))
+        return self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
+
+    def _on_screened(self, screened: Screened) -> None:
+        """An InferRequest refused from its header: answered ``overloaded``, like any other
+        request (its tensors were never kept)."""
+        request_id = screened.fields["request_id"]
+        if self._busy(request_id):
+            why = f"request id {request_id} is already in flight"
+            self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
+            return
+        model, version = self._route(screened.fields.get("model", ""))
+        entry = _Pending(self._server.now_ns(), version)
+        self._pending[request_id] = entry
+        self._idle.clear()
+        self._server.request_started()
+        on_reply = partial(self._on_outcome, request_id, entry)
+        self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
+
+    def _route(self, model: str) -> tuple[str, int]:
+        """The name ``model``'s current version is served under, and that version (the name
+        itself and 0 for a name without a route)."""
+        route = self._server.routes.get(model)
+        return (route.target, route.version) if route is not None else (model, 0)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""

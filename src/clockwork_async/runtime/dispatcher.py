@@ -81,7 +81,7 @@ from clockwork_async.runtime.requests import (
     PredictionErrors,
     RequestBook,
 )
-from clockwork_async.runtime.timers import BusyPoll, LagProbe, WakeTimer
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
 from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
 
 log = logging.getLogger(__name__)
@@ -177,6 +177,7 @@ class Dispatcher:
         )
         self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
         self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
+        self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
         self.outcome_listeners: list[OutcomeListener] = []
@@ -222,7 +223,9 @@ class Dispatcher:
         now_ns = self._now_ns()
         request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
         self._book.add_request(request)
-        refusal = self._refusal(model, inputs)
+        nbytes = _tensor_bytes(inputs)
+        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)
             return request_id
@@ -231,11 +234,17 @@ class Dispatcher:
         self._hold(RequestArrived(request_id, model, deadline_ns))
         return request_id
 
-    def _refusal(self, model: str, inputs: Mapping[str, np.ndarray]) -> tuple[Outcome, str] | None:
+    def _refusal(
+        self, model: str, inputs: Mapping[str, np.ndarray], slo_ns: int, now_ns: int
+    ) -> tuple[Outcome, str] | None:
         """Why a request is answered at once, without the core: the server is draining, the
-        model is unknown, or its tensors do not fit the model (which the core never sees)."""
+        daemon's own loop is too far behind for it (`_loop_refusal`), the model is unknown,
+        or its tensors do not fit the model (which the core never sees)."""
         if self._state is not DispatcherState.RUNNING:
             return Outcome.SHUTTING_DOWN, "the server is shutting down"
+        overloaded = self._loop_refusal(slo_ns, now_ns)
+        if overloaded is not None:
+            return Outcome.OVERLOADED, overloaded
         served = self._models.get(model)
         if served is None:
             return Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered"
@@ -244,6 +253,51 @@ class Dispatcher:
         except BadInput as error:
             return Outcome.BAD_INPUT, str(error)
         return None
+
+    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
+        """Why the loop cannot take this request: the work booked on it before this request
+        runs past ``loop_delay_share`` of the request's time to its deadline, or past
+        ``max_loop_delay_ns`` (docs/controller.md, "The daemon as a lane"). An idle loop
+        refuses nothing: what a request cannot meet on its own is the core's to refuse."""
+        cap_ns = self.runtime.max_loop_delay_ns
+        delay_ns = self._loop.delay_ns(now_ns)
+        if not cap_ns or not delay_ns:
+            return None
+        limit_ns = min(cap_ns, int(self.runtime.loop_delay_share * max(0, slo_ns)))
+        if delay_ns <= limit_ns:
+            return None
+        return (
+            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
+            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
+            f"retry after {delay_ns / 1e6:.2f} ms"
+        )
+
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """The door, from a frame's header (`api.service.Requests.screen`): why the loop
+        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
+        if self._state is not DispatcherState.RUNNING:
+            return None  # `submit` answers it shutting_down
+        now_ns = self._now_ns()
+        served = self._models.get(model)
+        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
+        deadline_ns = resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
+        )
+        return self._loop_refusal(deadline_ns - now_ns, now_ns)
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request the door screened out ``overloaded`` (its tensors never kept)."""
+        request_id = next(self._request_ids)
+        now_ns = self._now_ns()
+        request = PendingRequest(request_id, model, {}, on_reply, now_ns, now_ns)
+        self._book.add_request(request)
+        self._loop.book(now_ns, nbytes, admitted=False)
+        self._answer_here(request, Outcome.OVERLOADED, reason)
+        return request_id
 
     def cancel(self, request_id: int) -> None:
         """Ask the core to cancel a request; it is answered ``cancelled`` unless it is already
@@ -523,6 +577,7 @@ class Dispatcher:
     def _start(self) -> None:
         if not self._lag.running and self._state is not DispatcherState.CLOSED:
             self._lag.start()
+            self._loop.start()
 
     def busy_poll(self, window_ns: int) -> None:
         """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
@@ -559,6 +614,7 @@ class Dispatcher:
         self._timer.cancel()
         self._poll.cancel()
         self._lag.stop()
+        self._loop.stop()
 
     # --- reading (never runs the core) -----------------------------------------------------------
 
@@ -602,6 +658,11 @@ class Dispatcher:
     def timers(self) -> tuple[LagProbe, WakeTimer, BusyPoll]:
         return self._lag, self._timer, self._poll
 
+    @property
+    def loop_lane(self) -> LoopLane:
+        """The loop as a lane: its learned cost and how far behind it is (to read)."""
+        return self._loop
+
 
 def resolve_deadline_ns(
     slo_ns: int | None,
@@ -617,6 +678,10 @@ def resolve_deadline_ns(
     if deadline_unix_ns is not None:
         return now_ns + (deadline_unix_ns - unix_now_ns)
     return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
+
+
+def _tensor_bytes(inputs: Mapping[str, object]) -> int:
+    return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
 
 
 def _call_soon(callback: Callable[[], None]) -> None:

@@ -15,6 +15,10 @@ wakes a halted CPU, which costs tens of microseconds on a virtual machine (docs/
 Each poll yields the CPU first (``sched_yield``), so it only takes time no other runnable
 thread on that CPU wants.
 
+`LoopLane` is the loop itself predicted as a lane (its own cost per request and per byte,
+learned from the loop thread's CPU time), so the dispatcher can refuse at the door what the
+loop could not handle in time (docs/controller.md, "The daemon as a lane").
+
 Invariants: at most one pending wake (a new ``arm`` replaces the old, as the core's WakeAt
 does); ``on_due`` is never called before the wake time by the injected clock. At most one poll
 callback is queued; none once the window has passed or after ``cancel``.
@@ -28,6 +32,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 MS_NS = 1_000_000
 
@@ -138,6 +144,7 @@ class BusyPoll:
         self._handle: asyncio.Handle | None = None
         self._windows = 0
         self._polls = 0
+        self.thread_ns = 0  # the loop thread's CPU time spent polling (not work)
         self.set_window(window_ns)
 
     def set_window(self, window_ns: int) -> None:
@@ -169,7 +176,9 @@ class BusyPoll:
     def _poll(self) -> None:
         if self._now_ns() < self._until_ns:
             self._polls += 1
+            started_ns = time.thread_time_ns()
             os.sched_yield()  # polite: any other runnable thread on this CPU goes first
+            self.thread_ns += time.thread_time_ns() - started_ns
             self._handle = asyncio.get_running_loop().call_soon(self._poll)
         else:
             self._handle = None
@@ -253,6 +262,131 @@ class LagProbe:
         self._timer_ns.append(max(0, now_ns - self._due_ns))
         self._handle = asyncio.get_running_loop().call_soon(self._soon_ran, now_ns)
 
+    @property
+    def last_ns(self) -> int:
+        """The last measured ready-callback wait (0 before the first probe)."""
+        return self._soon_ns[-1] if self._soon_ns else 0
+
     def _soon_ran(self, queued_ns: int) -> None:
         self._soon_ns.append(self._now_ns() - queued_ns)
+        self._arm()
+
+
+@dataclass(frozen=True, slots=True)
+class LoopCost:
+    """What the loop's own work costs: per request admitted, per byte of its tensors, per
+    request refused at the door (ns of the loop thread's CPU)."""
+
+    request_ns: float
+    byte_ns: float
+    refusal_ns: float
+
+
+PRIOR_COST = LoopCost(request_ns=60_000.0, byte_ns=0.5, refusal_ns=15_000.0)
+
+
+class LoopLane:
+    """The event loop as a lane, predicted like an executor's: each request books its
+    predicted cost on it, and its delay is how far its booked work runs ahead of now.
+
+    The cost model is learned from the loop thread's CPU time: every ``sample_interval_s`` the
+    busy time since the last sample (CPU time less what busy polling spent) is regressed on the
+    requests admitted, their bytes, the requests refused and a constant (the loop's other work:
+    heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
+    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
+    ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
+    (its measured lag) is not booked as work ahead: it is over once it was measured.
+
+    Invariant: ``delay_ns`` >= 0; a refusal books only the refusal's cost, so a loop that is
+    behind still answers at the rate it can refuse.
+    """
+
+    def __init__(
+        self,
+        *,
+        now_ns: Callable[[], int] = time.monotonic_ns,
+        thread_ns: Callable[[], int] = time.thread_time_ns,
+        poll_ns: Callable[[], int] = lambda: 0,
+        sample_interval_s: float = 0.02,
+        window: int = 64,
+        min_samples: int = 8,
+        prior: LoopCost = PRIOR_COST,
+    ) -> None:
+        self._now_ns = now_ns
+        self._thread_ns = thread_ns
+        self._poll_ns = poll_ns
+        self._interval_s = sample_interval_s
+        self._min_samples = min_samples
+        self._prior = prior
+        self.cost = prior
+        self._free_at_ns = 0
+        self._samples: deque[tuple[int, int, int, int]] = deque(maxlen=window)
+        self._admitted = self._bytes = self._refused = 0
+        self._last_thread_ns = 0
+        self._handle: asyncio.TimerHandle | None = None
+
+    def delay_ns(self, now_ns: int) -> int:
+        """How far the loop's booked work runs ahead of ``now_ns``."""
+        return max(0, self._free_at_ns - now_ns)
+
+    def predicted_ns(self, nbytes: int) -> int:
+        """The predicted cost of admitting a request of ``nbytes`` tensor bytes."""
+        return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
+
+    def book(self, now_ns: int, nbytes: int, *, admitted: bool) -> None:
+        """A request was admitted (``nbytes`` of tensors) or refused at the door."""
+        if admitted:
+            cost_ns = self.predicted_ns(nbytes)
+            self._admitted += 1
+            self._bytes += nbytes
+        else:
+            cost_ns = int(self.cost.refusal_ns)
+            self._refused += 1
+        self._free_at_ns = max(self._free_at_ns, now_ns) + cost_ns
+
+    def observe(self, busy_ns: int) -> None:
+        """The loop was busy ``busy_ns`` since the last call: learn the costs."""
+        self._samples.append((self._admitted, self._bytes, self._refused, max(0, busy_ns)))
+        self._admitted = self._bytes = self._refused = 0
+        self.cost = self._fit()
+
+    def _fit(self) -> LoopCost:
+        busy = [s for s in self._samples if s[0] or s[2]]
+        if len(busy) < self._min_samples:
+            return self._prior
+        counts = np.array([(*s[:3], 1) for s in busy], dtype=np.float64)
+        spent = np.array([s[3] for s in busy], dtype=np.float64)
+        solution, *_ = np.linalg.lstsq(counts, spent, rcond=None)
+        solution = solution[:3]  # the constant is the loop's other work
+        prior = (self._prior.request_ns, self._prior.byte_ns, self._prior.refusal_ns)
+        low = (self._prior.request_ns / 10, 0.0, self._prior.refusal_ns / 10)
+        fitted = [
+            min(100 * p, max(lo, float(x))) for x, p, lo in zip(solution, prior, low, strict=True)
+        ]
+        return LoopCost(*fitted)
+
+    # --- on a running loop ---------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._handle is not None
+
+    def start(self) -> None:
+        """Sample every ``sample_interval_s`` on the running loop."""
+        if self._handle is None:
+            self._last_thread_ns = self._thread_ns() - self._poll_ns()
+            self._arm()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        self._handle = asyncio.get_running_loop().call_later(self._interval_s, self._sample)
+
+    def _sample(self) -> None:
+        spent_ns = self._thread_ns() - self._poll_ns()
+        self.observe(spent_ns - self._last_thread_ns)
+        self._last_thread_ns = spent_ns
         self._arm()

@@ -5,6 +5,9 @@ Invariants: a field's decoder accepts exactly the msgpack values of its annotate
 become tuples; ``bool`` is never an ``int``) and raises `SchemaError` for anything else; a
 `TensorRef` that `parse_tensor_map` returns lies wholly inside the tail, and its byte count
 equals its dtype's itemsize times the product of its shape.
+
+One idea: a message field as the wire carries it, its checks and conversions both ways,
+tensors' places in the tail included; split, the two directions would drift apart.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Shared pieces of the virtual-time experiments (`sim_scenarios`, `thousands`, `azure`,
-`scale`): one run of the production core on simulated executors, richer timelines, timing of
-the core's ``handle`` calls, results files and plots.
+"""One run of the production core on simulated executors, for the virtual-time experiments
+(`sim_scenarios`, `thousands`, `azure`, `scale`): richer timelines and timing of the core's
+``handle`` calls. Results files and plots are `benchmarks.lib.report` and `.plots`.
 
 Invariants:
 - A run is `sim.engine.Simulation` unchanged: the production controller core on a virtual
@@ -9,22 +9,23 @@ Invariants:
   (handed to the engine as its request log) only counts how cold arrivals ended, and
   `TimedController` only measures (wall ns of each ``handle`` call around the real core).
 - Timelines are per interval of virtual time; rates are per second of virtual time.
-- Every results file carries the machine description and the load average before and after,
-  since these numbers are taken on a shared 2-core machine.
+- Percentiles of the handle-time histograms are the house's nearest rank
+  (`benchmarks.lib.stats.histogram_percentile`).
 """
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.plots import Series
+from benchmarks.lib.stats import histogram_percentile
 from clockwork_async.core.events import Event
 from clockwork_async.sim.engine import SimConfig, Simulation, build_controller
 from clockwork_async.sim.profiles import RESNET50_V100, SimProfile
@@ -38,13 +39,10 @@ PROFILE = RESNET50_V100
 B1_MS = PROFILE.execute_ns[1] / 1e6
 POLICIES = ("clockwork", "fifo", "timeout")
 AZURE_SAMPLE = Path("/work/shared/data/traces/azure-functions-2019-500/invocations.csv")
-RESULTS = Path("results")
-DOCS_IMG = Path("docs/img")
 HANDLE_BIN_NS = 100  # resolution of the handle-time histograms
 SETUP_EVENTS = ("ModelRegistered", "ExecutorJoined")  # handed to the core at time 0
 
 Row = dict[str, Any]
-Series = dict[str, list[float]]
 
 
 # --- counting more -------------------------------------------------------------------------------
@@ -146,15 +144,9 @@ def histogram_us(histogram: Mapping[int, int]) -> dict[str, float]:
         "total_ms": round(total * to_us / 1000.0, 3),
         "mean_us": round(total / count * to_us, 3),
     }
-    ordered = sorted(histogram.items())
     for label, percent in (("p50_us", 50.0), ("p99_us", 99.0), ("p99.9_us", 99.9)):
-        rank, seen = max(1, -(-count * percent // 100)), 0
-        for value, n in ordered:
-            seen += n
-            if seen >= rank:
-                found[label] = round(value * to_us, 3)
-                break
-    found["max_us"] = round(ordered[-1][0] * to_us, 3)
+        found[label] = round((histogram_percentile(histogram, percent) or 0) * to_us, 3)
+    found["max_us"] = round(max(histogram) * to_us, 3)
     return found
 
 
@@ -294,90 +286,3 @@ def windows(series: Series, edges_s: Sequence[float]) -> list[Row]:
         row["resident_models"] = series["resident_models"][chosen[-1]]
         rows.append(row)
     return rows
-
-
-# --- results -------------------------------------------------------------------------------------
-
-
-def environment() -> Row:
-    """The machine description (`benchmarks.common`) and when this was taken."""
-    from benchmarks.common import machine_description
-
-    return machine_description()
-
-
-def write_json(name: str, quick: bool, result: Mapping[str, Any], directory: Path) -> Path:
-    """``directory/NAME[-quick].json``."""
-    from benchmarks.common import write_report
-
-    return write_report(f"{name}-quick" if quick else name, result, directory)
-
-
-def copy_to_docs(paths: Iterable[Path], prefix: str, directory: Path = DOCS_IMG) -> list[Path]:
-    """Copy PNGs into docs/img as ``PREFIX-<name>``; returns the copies."""
-    directory.mkdir(parents=True, exist_ok=True)
-    copies = []
-    for path in paths:
-        target = directory / f"{prefix}-{path.name}"
-        shutil.copyfile(path, target)
-        copies.append(target)
-    return copies
-
-
-def percent(value: float | None, digits: int = 4) -> str:
-    return "-" if value is None else f"{100 * value:.{digits}f}"
-
-
-def rejected_text(rejected: Mapping[str, int]) -> str:
-    return ", ".join(f"{reason} {count}" for reason, count in sorted(rejected.items())) or "-"
-
-
-# --- plots ---------------------------------------------------------------------------------------
-
-
-def pyplot() -> Any:
-    """matplotlib.pyplot on the Agg backend, or None (with a note) when it is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plots", file=sys.stderr)
-        return None
-    return plt
-
-
-def save(plt: Any, fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_panels(
-    plt: Any,
-    series: Series,
-    panels: Sequence[tuple[str, Sequence[str]]],
-    title: str,
-    path: Path,
-    *,
-    slo_ms: float | None = None,
-    xlabel: str = "simulated time (s)",
-) -> Path:
-    """One panel per ``(ylabel, keys)``, stacked, sharing the time axis. A panel whose keys
-    end in ``_ms`` gets the SLO line."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.6 * len(panels)), sharex=True)
-    axes = list(axes) if len(panels) > 1 else [axes]
-    for ax, (ylabel, keys) in zip(axes, panels, strict=True):
-        for key in keys:
-            if key in series:
-                ax.plot(series["time_s"], series[key], label=key, linewidth=1)
-        if slo_ms is not None and all(key.endswith("_ms") for key in keys):
-            ax.axhline(slo_ms, color="red", linestyle="--", linewidth=1, label="SLO")
-        ax.set_ylabel(ylabel)
-        ax.legend(loc="upper left", fontsize="small")
-    axes[0].set_title(title)
-    axes[-1].set_xlabel(xlabel)
-    return save(plt, fig, path)
