@@ -143,6 +143,7 @@ async def test_a_replace_finishes_sent_requests_on_the_old_version(daemon: Daemo
         await admin.add_model("swap", TINY_FILE, 'sim_profile = "resnet50-v100"\n')
         try:
             sent = [sender.start_infer("swap", image, slo_ms=SLO_MS) for _ in range(64)]
+            await sender.ping()  # the daemon has read (and routed) every one of them
             status = await admin.add_model("swap", TINY_FILE, replace=True)  # tiny-sim rows
             assert status.version == 2 and status.inputs[0].shape == (-1, 4)
             old = [await pending for pending in sent]
