@@ -118,6 +118,8 @@ class Metrics:
         include_process: bool = True,
     ) -> None:
         self._instance = BoundedLabel(instance_label_limit)
+        # Served name -> instance label, for replaced models served as ``NAME@vN``.
+        self.instance_aliases: dict[str, str] = {}
         self._group = BoundedLabel(group_label_limit)
         self._executor = BoundedLabel(MAX_EXECUTOR_LABELS)
         # `_created` series would double every series for a timestamp nobody queries. The
@@ -223,7 +225,8 @@ class Metrics:
         result = Outcome(outcome)
         group_label = self._group_label(group)
         self.requests.labels(group_label, result.value).inc()
-        self.instance_requests.labels(self._instance(model), result.value).inc()
+        instance = self._instance(self.instance_aliases.get(model, model))
+        self.instance_requests.labels(instance, result.value).inc()
         if result in DROP_REASONS:
             self.drops.labels(group_label, result.value).inc()
         if result not in ANSWERED_WITH_OUTPUTS:

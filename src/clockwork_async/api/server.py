@@ -28,13 +28,13 @@ import contextlib
 import logging
 import ssl as ssl_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Admin, Requests
+from clockwork_async.api.service import Admin, ModelRoute, Requests
 from clockwork_async.api.session import ApiSession
 from clockwork_async.config_keys import ranged
 from clockwork_async.connection import (
@@ -104,6 +104,7 @@ class ServerLimits:
 class ServerState(Enum):
     NEW = "new"
     STARTING = "starting"  # binding the listener
+    BOUND = "bound"  # the address is ours, not listening: connections are refused until SERVING
     SERVING = "serving"
     CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
     CLOSED = "closed"  # closed, or the listener could not be bound
@@ -111,7 +112,8 @@ class ServerState(Enum):
 
 _TRANSITIONS = {
     ServerState.NEW: (ServerState.STARTING, ServerState.CLOSED),
-    ServerState.STARTING: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.STARTING: (ServerState.BOUND, ServerState.CLOSED),
+    ServerState.BOUND: (ServerState.SERVING, ServerState.CLOSED),
     ServerState.SERVING: (ServerState.CLOSING,),
     ServerState.CLOSING: (ServerState.CLOSED,),
     ServerState.CLOSED: (),
@@ -131,6 +133,8 @@ class ApiServer:
         auth: TokenAuth | None = None,
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
+        unix_now_ns: Callable[[], int] = time.time_ns,
+        routes: Mapping[str, ModelRoute] | None = None,
     ) -> None:
         self.service = service
         self.requests: Requests = requests if requests is not None else cast(Requests, service)
@@ -138,6 +142,10 @@ class ApiServer:
         self.auth = auth or TokenAuth()
         self.name = name
         self.now_ns = now_ns
+        self.unix_now_ns = unix_now_ns  # to bound a request's deadline_unix_ns
+        # Model name -> the name its current version is served under (the daemon's service
+        # keeps it); a name not in it is submitted as it is.
+        self.routes: Mapping[str, ModelRoute] = routes if routes is not None else {}
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None
@@ -190,8 +198,14 @@ class ApiServer:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
-        """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
-        picks one, see `address`). Raises ValueError for a bad address, OSError if busy; the
+        """`bind` then `serve`."""
+        await self.bind(address, ssl=ssl)
+        await self.serve()
+
+    async def bind(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
+        """Take ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0 picks
+        one, see `address`) without accepting connections yet: a daemon takes its ports before
+        it starts anything slow. Raises ValueError for a bad address, OSError if busy; the
         server is then CLOSED (`close` returns at once). Raises RuntimeError unless NEW."""
         self._enter(ServerState.STARTING)
         try:
@@ -201,9 +215,15 @@ class ApiServer:
             self._closed.set()
             raise
         else:
-            self._enter(ServerState.SERVING)
+            self._enter(ServerState.BOUND)
         finally:
             self._start_done.set()
+
+    async def serve(self) -> None:
+        """Accept connections on the bound address. Raises RuntimeError unless BOUND."""
+        self._enter(ServerState.SERVING)
+        assert self._listener is not None
+        await self._listener.start_serving()
 
     async def _listen(self, address: str, ssl: ssl_module.SSLContext | None) -> asyncio.Server:
         parsed = parse_address(address)
@@ -217,6 +237,7 @@ class ApiServer:
             write_high_water_bytes=self.limits.max_write_buffer_bytes,
             allow_half_close=True,  # a client that ends its writing still gets its replies
             ssl=ssl,
+            start_serving=False,
         )
         if isinstance(parsed, UnixAddress):
             self._address = str(parsed)
@@ -235,6 +256,13 @@ class ApiServer:
             await self._closed.wait()
             return
         if self._state is ServerState.NEW:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            return
+        if self._state is ServerState.BOUND:  # never served: nothing to drain
+            assert self._listener is not None
+            self._listener.close()
+            await self._listener.wait_closed()
             self._enter(ServerState.CLOSED)
             self._closed.set()
             return

@@ -57,6 +57,11 @@ log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
+# How far from now a deadline may be, either way. The daemon's monotonic clock, an executor's
+# clock offset and the deadline each stay under 2**62, so a deadline moved to any executor's
+# clock (an action's ``latest_ns``) still fits the wire's signed 64-bit integers.
+MAX_DEADLINE_DISTANCE_NS = 1 << 62  # about 146 years
+MAX_SLO_MS = MAX_DEADLINE_DISTANCE_NS / NS_PER_MS
 
 
 class _Limits(Protocol):
@@ -106,6 +111,7 @@ class _Pending:
     """An accepted InferRequest waiting for its outcome."""
 
     received_ns: int
+    model_version: int = 0  # the version it was routed to (0: a name without a route)
     service_id: int | None = None  # None until submit returned (or if it answered at once)
     done: bool = False
 
@@ -209,14 +215,15 @@ class ApiSession:
             self._send_infer_reply(request.request_id, *refusal)
             return
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
-        entry = _Pending(self._server.now_ns())
+        model, version = self._route(request.model)  # read here, once: a swap is atomic
+        entry = _Pending(self._server.now_ns(), version)
         self._pending[request.request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
         try:
             service_id = self._requests.submit(
-                request.model,
+                model,
                 request.inputs,
                 slo_ns=slo_ns,
                 deadline_unix_ns=request.deadline_unix_ns,
@@ -242,8 +249,8 @@ class ApiSession:
             slo_ns = None if slo_ms is None else slo_ms_to_ns(slo_ms)
         except ValueError:
             return None  # refused bad_input once decoded
-        model, deadline_unix_ns = fields.get("model", ""), fields.get("deadline_unix_ns")
-        return self._requests.screen(model, slo_ns, deadline_unix_ns, nbytes)
+        model, _ = self._route(fields.get("model", ""))
+        return self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
 
     def _on_screened(self, screened: Screened) -> None:
         """An InferRequest refused from its header: answered ``overloaded``, like any other
@@ -253,13 +260,19 @@ class ApiSession:
             why = f"request id {request_id} is already in flight"
             self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
             return
-        entry = _Pending(self._server.now_ns())
+        model, version = self._route(screened.fields.get("model", ""))
+        entry = _Pending(self._server.now_ns(), version)
         self._pending[request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request_id, entry)
-        model = screened.fields.get("model", "")
         self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
+
+    def _route(self, model: str) -> tuple[str, int]:
+        """The name ``model``'s current version is served under, and that version (the name
+        itself and 0 for a name without a route)."""
+        route = self._server.routes.get(model)
+        return (route.target, route.version) if route is not None else (model, 0)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""
@@ -274,7 +287,7 @@ class ApiSession:
         if self._server.outstanding >= limits.max_outstanding_total:
             limit = limits.max_outstanding_total
             return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
-        return _deadline_problem(request)
+        return _deadline_problem(request, self._server.unix_now_ns())
 
     def _busy(self, request_id: int) -> bool:
         return request_id in self._pending or request_id in self._tasks
@@ -295,6 +308,7 @@ class ApiSession:
             timing_ns=timing_ns,
             executor_id=outcome.executor_id or "",
             batch_size=outcome.batch_size,
+            model_version=entry.model_version,
         )
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
@@ -343,20 +357,23 @@ class ApiSession:
             self._send(ModelsReply(request_id, *refusal))
             return
         # The task holds a copy of the model's bytes, never the message (nor its frame).
-        self._start_upload(request_id, request.name, onnx.tobytes(), request.model_toml)
+        self._start_upload(request, onnx.tobytes())
 
-    def _start_upload(
-        self, request_id: int, name: str, onnx_bytes: bytes, model_toml: str | None
-    ) -> None:
+    def _start_upload(self, request: AddModel, onnx_bytes: bytes) -> None:
         """Run an admitted upload; its share of the server's budget is given back once."""
         hold = _UploadHold(self._server, len(onnx_bytes))
+        request_id, name, model_toml = request.request_id, request.name, request.model_toml
+        replace = request.replace
 
         async def add() -> ModelsReply:
             try:
-                status = await self._service.add_model(name, onnx_bytes, model_toml)
+                status = await self._service.add_model(
+                    name, onnx_bytes, model_toml, replace=replace
+                )
             finally:
                 hold.release()  # before the reply: the client may upload again at once
-            return _models_reply(request_id, f"model {name!r} added", status)
+            done = f"replaced by version {status.version}" if replace else "added"
+            return _models_reply(request_id, f"model {name!r} {done}", status)
 
         task = self._spawn_admin(request_id, "add_model", add)
         task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
@@ -475,7 +492,9 @@ class ApiSession:
             self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
 
 
-def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
+def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str] | None:
+    """(``bad_input``, why) for a deadline the daemon cannot carry: both kinds given, an SLO
+    that is not a positive number, or one further than `MAX_DEADLINE_DISTANCE_NS` from now."""
     if request.slo_ms is not None and request.deadline_unix_ns is not None:
         return Outcome.BAD_INPUT, "give slo_ms or deadline_unix_ns, not both"
     if request.slo_ms is not None:
@@ -483,6 +502,15 @@ def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
             slo_ms_to_ns(request.slo_ms)
         except ValueError as error:
             return Outcome.BAD_INPUT, str(error)
+    if request.deadline_unix_ns is not None:
+        distance_ns = request.deadline_unix_ns - unix_now_ns
+        if abs(distance_ns) > MAX_DEADLINE_DISTANCE_NS:
+            when = "ahead of" if distance_ns > 0 else "behind"
+            why = (
+                f"deadline_unix_ns {request.deadline_unix_ns} is {abs(distance_ns)} ns {when} "
+                f"the daemon's clock, over the limit of {MAX_DEADLINE_DISTANCE_NS} ns (146 years)"
+            )
+            return Outcome.BAD_INPUT, why
     return None
 
 
@@ -495,7 +523,13 @@ def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> Model
 
 
 def slo_ms_to_ns(slo_ms: float) -> int:
-    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
+    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite, positive and at most
+    `MAX_SLO_MS`."""
     if not math.isfinite(slo_ms) or slo_ms <= 0:
         raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
+    if slo_ms > MAX_SLO_MS:
+        raise ValueError(
+            f"slo_ms {slo_ms:g} is over the limit of {MAX_SLO_MS:.0f} ms (146 years): "
+            "deadlines must fit the wire's 64-bit integers"
+        )
     return max(1, round(slo_ms * NS_PER_MS))

@@ -136,6 +136,8 @@ class Encoder:
         header: dict[str, Any] = {"t": schema.cls.TAG}
         for f in schema.fields:
             value = getattr(message, f.name)
+            if f.omit_at_default and value == f.default:
+                continue  # a peer that predates the field reads the message too
             if type(value) is f.exact_type and f.exact_type is not int:
                 header[f.name] = value  # str, bool, bytes: already what the wire carries
                 continue
