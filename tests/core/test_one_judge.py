@@ -25,12 +25,17 @@ def test_the_return_hop_moves_the_planned_end_earlier_not_the_judgment() -> None
     h.at(0, ReturnHop(2 * MS))
     (infer,) = only(h.request(1, "m", 20 * MS), StartInfer)
     assert infer.latest_ns + infer.predicted_ns <= 20 * MS - 2 * MS
-    # The result is handled 1 ms after the planned end's budget, still before the deadline.
-    h.finish(infer, end_ns=infer.planned_start_ns + B1_NS, at_ns=19 * MS)
+    # Handled with exactly the return hop left for the reply to go out: ok.
+    h.finish(infer, end_ns=infer.planned_start_ns + B1_NS, at_ns=18 * MS)
     assert h.outcome(1) is Outcome.OK
+    # Handled before the deadline but with less than the hop left: late, never ok.
     (second,) = only(h.request(2, "m", 20 * MS, at_ns=20 * MS), StartInfer)
-    h.finish(second, end_ns=second.planned_start_ns + B1_NS, at_ns=40 * MS + 1)
-    assert h.outcome(2) is Outcome.LATE  # handled past the true deadline: late, never ok
+    h.finish(second, end_ns=second.planned_start_ns + B1_NS, at_ns=38 * MS + 1)
+    assert h.outcome(2) is Outcome.LATE
+    assert "less than the 2.000 ms its reply needs" in h.replies[2][0].message
+    (third,) = only(h.request(3, "m", 20 * MS, at_ns=40 * MS), StartInfer)
+    h.finish(third, end_ns=third.planned_start_ns + B1_NS, at_ns=60 * MS + 1)
+    assert h.outcome(3) is Outcome.LATE and "after the deadline" in h.replies[3][0].message
 
 
 def test_a_return_hop_that_leaves_no_room_refuses_at_arrival() -> None:

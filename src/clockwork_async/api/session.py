@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import Admin, InferOutcome, Requests, ServiceError
+from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
@@ -91,7 +91,12 @@ class SessionHost(Protocol):
     @property
     def outstanding(self) -> int: ...
 
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]: ...
+
     def now_ns(self) -> int: ...
+
+    def unix_now_ns(self) -> int: ...
 
     def request_started(self) -> None: ...
 

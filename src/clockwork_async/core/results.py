@@ -2,8 +2,9 @@
 
 Invariants: every result settles exactly one outstanding action (unknown ids are counted as
 stray and ignored: e.g. a result racing an ExecutorLeft). A successful INFER answers each of
-its still-running requests ``ok`` when the result arrived by the request's deadline, else
-``late`` (outputs attached either way). A failed INFER re-queues its requests when they can
+its still-running requests ``ok`` when the result arrived early enough for its reply to go
+out by the request's true deadline (the return hop before it, `ReturnHop`), else ``late``
+(outputs attached either way). A failed INFER re-queues its requests when they can
 still be served (``too_late``, ``not_loaded``) and otherwise ends them: ``dropped`` when the
 executor refused in time, ``failed`` on any other error.
 """
@@ -96,7 +97,9 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
     for request in action.requests:
         if request.status is not RequestStatus.RUNNING:
             continue  # cancelled while running
-        on_time = now_ns <= request.reply_by_ns  # the one judge of ok and late
+        # The one judge of ok and late: the reply must still go out (the return hop's way,
+        # the runtime's estimate of one trip through the daemon's loop) by the true deadline.
+        on_time = now_ns + core.return_hop_ns <= request.reply_by_ns
         details = {
             "batch_size": action.batch_size,
             "predicted_ns": action.predicted_ns,
@@ -108,9 +111,17 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
         if on_time:
             answer(core, request, Outcome.OK, "", action, details)
         else:
-            late_ms = (now_ns - request.reply_by_ns) / 1e6
-            message = f"the result reached the controller {late_ms:.3f} ms after the deadline"
-            answer(core, request, Outcome.LATE, message, action, details)
+            answer(core, request, Outcome.LATE, _late_message(core, request), action, details)
+
+
+def _late_message(core: CoreState, request: RequestState) -> str:
+    left_ns = request.reply_by_ns - core.now_ns
+    if left_ns < 0:
+        return f"the result reached the controller {-left_ns / 1e6:.3f} ms after the deadline"
+    return (
+        f"the result reached the controller {left_ns / 1e6:.3f} ms before the deadline, less "
+        f"than the {core.return_hop_ns / 1e6:.3f} ms its reply needs to go out"
+    )
 
 
 def _infer_failed(
