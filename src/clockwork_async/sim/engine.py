@@ -148,6 +148,17 @@ def model_spec(profile: SimProfile, instance: int, slo_ns: int) -> ModelSpec:
     )
 
 
+def workload_rng(seed: int) -> np.random.Generator:
+    """The generator a run with ``seed`` draws its workload from (so `sim.bound` and
+    `sim.greedy` see the very arrivals the run saw)."""
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
+
+
+def noise_seed(seed: int) -> int:
+    """The seed of the executors' duration noise of a run with ``seed``."""
+    return int(np.random.SeedSequence(seed).spawn(2)[1].generate_state(1)[0])
+
+
 class Simulation:
     """One run: ``Simulation(config, workload, controller).run()`` returns its SimStats."""
 
@@ -181,9 +192,8 @@ class Simulation:
         self._action_log = action_log
         self._progress = progress if config.progress_s > 0 else None
         self._wall_start = self._last_progress = 0.0
-        workload_seed, noise_seed = np.random.SeedSequence(config.seed).spawn(2)
-        self._rng = np.random.default_rng(workload_seed)
-        self.executors = self._make_executors(int(noise_seed.generate_state(1)[0]))
+        self._rng = workload_rng(config.seed)
+        self.executors = self._make_executors(noise_seed(config.seed))
         self._dispatch = {
             StartLoad: self._send_action,
             StartInfer: self._send_action,
