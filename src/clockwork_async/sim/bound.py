@@ -41,7 +41,7 @@ from itertools import combinations
 import numpy as np
 import numpy.typing as npt
 
-from .workloads import Workload
+from .workloads import Workload, request_slos_ns
 
 IntArray = npt.NDArray[np.int64]
 
@@ -104,36 +104,80 @@ def upper_bound(
 ) -> int:
     """The most requests any schedule on ``executors`` executors of this profile could answer
     in time (the module header's relaxation): a maximum slot matching."""
-    if executors < 1:
-        raise ValueError(f"executors must be >= 1, got {executors}")
     first, last = slot_windows(
         np.asarray(arrival_ns, np.int64), np.asarray(deadline_ns, np.int64), execute_ns
     )
-    return match_slots(first, last, executors)
-
-
-def match_slots(first: IntArray, last: IntArray, per_slot: int) -> int:
-    """Size of a maximum matching of intervals [first_j, last_j] into integer slots holding
-    ``per_slot`` each: slots in order, each to the waiting intervals that end first."""
     order = np.argsort(first, kind="stable")
-    starts = first[order].tolist()
-    ends = last[order].tolist()
-    waiting: list[int] = []  # heap of last slots
-    matched, index, count = 0, 0, len(starts)
-    slot = 0
-    while index < count or waiting:
-        if not waiting:
-            slot = max(slot, starts[index])
-        while index < count and starts[index] <= slot:
-            heapq.heappush(waiting, ends[index])
-            index += 1
-        while waiting and waiting[0] < slot:
-            heapq.heappop(waiting)
-        for _ in range(min(per_slot, len(waiting))):
-            heapq.heappop(waiting)
-            matched += 1
-        slot += 1
-    return matched
+    matcher = SlotMatcher(executors)
+    matcher.add(first[order].tolist(), last[order].tolist())
+    return matcher.finish()
+
+
+class SlotMatcher:
+    """A maximum matching of intervals [first, last] into integer slots of ``per_slot`` places,
+    fed in order of ``first``: slots are handed out in order, each to the waiting intervals that
+    end first (optimal for intervals). Memory holds only the intervals still waiting."""
+
+    def __init__(self, per_slot: int) -> None:
+        if per_slot < 1:
+            raise ValueError(f"executors must be >= 1, got {per_slot}")
+        self.per_slot = per_slot
+        self.matched = 0
+        self._slot = 0  # the next slot to hand out
+        self._waiting: list[int] = []  # heap of last slots
+        self._last_first = -1
+
+    def add(self, firsts: Sequence[int], lasts: Sequence[int]) -> None:
+        """More intervals; ``firsts`` ascending and not below any added before."""
+        for first, last in zip(firsts, lasts, strict=True):
+            if first < self._last_first:
+                raise ValueError("intervals must come in order of their first slot")
+            self._last_first = first
+            self._hand_out(until=first)
+            heapq.heappush(self._waiting, last)
+
+    def finish(self) -> int:
+        """Hand out slots until nothing waits; the matching's size."""
+        self._hand_out(until=None)
+        return self.matched
+
+    def _hand_out(self, until: int | None) -> None:
+        """Give slots before ``until`` (all, when None) to the waiting intervals."""
+        waiting, per_slot = self._waiting, self.per_slot
+        while waiting and (until is None or self._slot < until):
+            slot = self._slot
+            while waiting and waiting[0] < slot:
+                heapq.heappop(waiting)
+            for _ in range(min(per_slot, len(waiting))):
+                heapq.heappop(waiting)
+                self.matched += 1
+            self._slot = slot + 1
+        if until is not None and self._slot < until:
+            self._slot = until  # nothing waits: skip the idle slots
+
+
+def stream_bound(
+    workload: Workload,
+    rng: np.random.Generator,
+    slo_ns: int,
+    execute_ns: Mapping[int, int],
+    executors: int = 1,
+) -> tuple[int, int]:
+    """`upper_bound` of ``workload``'s open-loop arrivals drawn from ``rng`` (the engine's:
+    `engine.workload_rng`) with deadlines ``arrival + slo`` (a workload's own per-request SLOs,
+    ``request_slos_ns``, when it has them), piece by piece in bounded memory. Returns
+    ``(bound, requests)``."""
+    matcher = SlotMatcher(executors)
+    slos = request_slos_ns(workload)
+    seen = 0
+    for times, _ in workload.open_arrivals(rng):
+        arrival = np.asarray(times, dtype=np.int64)
+        slo = slo_ns if slos is None else np.asarray(slos[seen : seen + len(times)], np.int64)
+        first, last = slot_windows(arrival, arrival + slo, execute_ns)
+        order = np.argsort(first, kind="stable")
+        matcher.add(first[order].tolist(), last[order].tolist())
+        seen += len(times)
+    return matcher.finish(), seen
 
 
 def bound_of(requests: Requests, execute_ns: Mapping[int, int], executors: int) -> int:
