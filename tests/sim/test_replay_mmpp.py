@@ -168,7 +168,7 @@ def test_simulate_replays_a_log_with_the_bound_and_greedy(tmp_path: Path) -> Non
                      "--json", str(out)]) == 0  # fmt: skip
     summary = json.loads(out.read_text())
     assert summary["requests"] == 300 and summary["workload"]["instances"] == 2
-    assert summary["workload"]["models"] == {"a": "m0", "b": "m1"}
+    assert summary["workload"]["model_mapping"] == {"a": "m0", "b": "m1"}
     arrival_ns = np.arange(300, dtype=np.int64) * 100_000
     expected = upper_bound(arrival_ns, arrival_ns + 5 * MS, TINY_SIM.execute_ns)
     assert summary["bound"]["ok"] == expected < 300

@@ -163,7 +163,7 @@ class Replay:
             "requests_file": self.log.path,
             "requests_in_file": len(self.log),
             "time_scale": self.time_scale,
-            "models": {
+            "model_mapping": {
                 name: self.targets[i] for name, i in zip(self.log.names, mapping, strict=True)
             },
         }
