@@ -100,7 +100,10 @@ class Recorder:
         self.last_send_ns = sent_ns
         self.lag_us[max(0, sent_ns - scheduled_ns) // 1000] += 1
 
-    def on_answer(self, sent_ns: int, now_ns: int, answer: Answer) -> None:
+    def on_answer(
+        self, sent_ns: int, now_ns: int, answer: Answer, slo_ns: int | None = None
+    ) -> None:
+        """Count an answer; ``slo_ns``: the request's own SLO (default: ``self.slo_ns``)."""
         self.answered += 1
         if isinstance(answer, ClientError):
             self.errors["connection_closed"] += 1
@@ -110,7 +113,8 @@ class Recorder:
             self.errors[answer.status] += 1
             return
         self.stats.on_reply(outcome, now_ns, sent_ns)
-        if outcome is Outcome.OK and self.slo_ns and now_ns - sent_ns > self.slo_ns:
+        slo_ns = self.slo_ns if slo_ns is None else slo_ns
+        if outcome is Outcome.OK and slo_ns and now_ns - sent_ns > slo_ns:
             self.ok_after_slo += 1
         if "total" in answer.timing_ns:
             self.daemon_us[answer.timing_ns["total"] // 1000] += 1
@@ -151,14 +155,17 @@ class Run:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         index = self.recorder.sent
         sent_ns = self.now_ns()
+        slo_ns = round(slo_ms * NS_PER_MS)
         try:
             pending = self.client.start_infer(model, self.inputs[model], slo_ms=slo_ms)
         except ClientError as error:
             self._sent(index, model, scheduled_ns, sent_ns)
-            self._answered(index, sent_ns, error, done)
+            self._answered(index, sent_ns, error, done, slo_ns)
             return done
         self._sent(index, model, scheduled_ns, sent_ns)
-        pending.add_done_callback(lambda answer: self._answered(index, sent_ns, answer, done))
+        pending.add_done_callback(
+            lambda answer: self._answered(index, sent_ns, answer, done, slo_ns)
+        )
         return done
 
     def _sent(self, index: int, model: str, scheduled_ns: int, sent_ns: int) -> None:
@@ -167,12 +174,17 @@ class Run:
             observer.on_sent(index, model, scheduled_ns, sent_ns)
 
     def _answered(
-        self, index: int, sent_ns: int, answer: Answer, done: asyncio.Future[None]
+        self,
+        index: int,
+        sent_ns: int,
+        answer: Answer,
+        done: asyncio.Future[None],
+        slo_ns: int | None = None,
     ) -> None:
         if self._books_closed:
             return  # counted as lost
         now_ns = self.now_ns()
-        self.recorder.on_answer(sent_ns, now_ns, answer)
+        self.recorder.on_answer(sent_ns, now_ns, answer, slo_ns)
         for observer in self.observers:
             observer.on_answer(index, sent_ns, now_ns, answer)
         if not done.done():
