@@ -8,10 +8,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clockwork_async.sim.bound import (
+    SlotMatcher,
     best_batch,
     bound_of,
     brute_force_optimum,
     open_requests,
+    stream_bound,
 )
 from clockwork_async.sim.engine import SimConfig, Simulation, build_controller, workload_rng
 from clockwork_async.sim.greedy import as_requests, check_schedule, greedy
@@ -49,6 +51,23 @@ def test_a_full_batch_at_once_is_the_bound() -> None:
 def test_overload_is_bounded_by_the_best_batch_rate() -> None:
     # 2,000 requests arriving at 0 with 100 ms deadlines: 92 slots of 17.33/16 ms fit.
     assert bound([0] * 2000, [100 * MS] * 2000, RESNET) == (100 * MS * 16) // RESNET[16]
+
+
+def test_the_streaming_matcher_needs_intervals_in_order() -> None:
+    matcher = SlotMatcher(1)
+    matcher.add([0, 0, 0, 5], [0, 0, 9, 5])  # slot 0 to one [0, 0], the other one misses
+    assert matcher.finish() == 3  # [0, 9] gets slot 1, [5, 5] slot 5
+    with pytest.raises(ValueError):
+        SlotMatcher(1).add([3, 2], [4, 4])
+    with pytest.raises(ValueError):
+        SlotMatcher(0)
+
+
+def test_streaming_the_workload_gives_the_bound_of_its_arrivals() -> None:
+    workload = poisson(3, 3000.0, 2.0)
+    requests = open_requests(workload, workload_rng(4), 20 * MS)
+    streamed = stream_bound(workload, workload_rng(4), 20 * MS, RESNET, 2)
+    assert streamed == (bound_of(requests, RESNET, 2), len(requests))
 
 
 def test_executors_must_be_positive() -> None:
