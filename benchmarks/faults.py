@@ -106,7 +106,8 @@ def executors_toml(count: int) -> str:
 # Default heartbeats (200 ms x 3 missed: down after 0.7 s of silence). The restart backoff
 # counts as healthy after 2 s instead of 10 s: the benchmark kills each executor every few
 # seconds on purpose, which the default would treat as a crash loop and slow down.
-LINK_SECTION = """max_profile_execute_ms = 100.0
+LINK_SECTION = """[profiler]
+max_execute_ns = 100000000
 [executor_link]
 reconnect_backoff_healthy_s = 2.0
 """

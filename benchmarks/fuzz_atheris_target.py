@@ -99,6 +99,17 @@ class StubService:
     def flush(self) -> None:
         pass
 
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        return None
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        on_reply(InferOutcome(1, Outcome.OVERLOADED, reason, {}, {}, None, 0))
+        return 1
+
     def list_models(self) -> list[ModelStatus]:
         return [ModelStatus("m", "m", "ready")]
 

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from clockwork_async import daemon_setup as setup
+from clockwork_async.api.server import ServerLimits
 from clockwork_async.config import (
-    Address,
+    MOVED_KEYS,
+    SECTIONS,
     ConfigError,
     DaemonConfig,
     LocalExecutorConfig,
@@ -20,7 +23,13 @@ from clockwork_async.config import (
     load_config,
     redacted,
 )
+from clockwork_async.config_fields import Raw, build_section, section_keys
+from clockwork_async.config_keys import internal, nested, ranged
+from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
+from clockwork_async.runtime.backoff import BackoffConfig
+from clockwork_async.runtime.executor_link import LinkConfig
+from clockwork_async.runtime.profiler import ProfilerConfig
 
 MACHINE = MachineFacts(cpus=(0, 1), memory_bytes=8 << 30)
 TOKEN_A = "a" * 32
@@ -46,8 +55,8 @@ def load(
 
 def test_defaults_are_loopback_and_machine_sized() -> None:
     config = load()
-    assert config.server.listen == Address("127.0.0.1", 7470)
-    assert config.metrics.listen == Address("127.0.0.1", 9470)
+    assert config.server.listen == TcpAddress("127.0.0.1", 7470)
+    assert config.metrics.listen == TcpAddress("127.0.0.1", 9470)
     assert config.repository.path == Path("/home/op/.local/state/clockwork-async/models")
     assert config.repository.profile_cache_dir.name == "profiles"
     assert config.repository.weights_budget_bytes == 4 << 30
@@ -93,19 +102,19 @@ log_format = "json"
 [metrics]
 instance_label_limit = 7
 """
-    assert load(text, tmp_path=tmp_path).server.max_connections == 10
+    assert load(text, tmp_path=tmp_path).server.limits.max_connections == 10
     env = {
         "CLOCKWORK_ASYNC_SERVER_MAX_CONNECTIONS": "20",
         "CLOCKWORK_ASYNC_METRICS_ENABLED": "false",
     }
     config = load(text, env, {"server.max_connections": "30"}, tmp_path=tmp_path)
-    assert config.server.max_connections == 30
-    assert config.server.drain_timeout_s == 3.0
+    assert config.server.limits.max_connections == 30
+    assert config.server.limits.drain_timeout_s == 3.0
     assert config.server.log_format is LogFormat.JSON
     assert config.metrics.instance_label_limit == 7
     assert config.metrics.enabled is False
     assert config.source == str(tmp_path / "clockwork-async.toml")
-    assert load(text, env, tmp_path=tmp_path).server.max_connections == 20
+    assert load(text, env, tmp_path=tmp_path).server.limits.max_connections == 20
 
 
 def test_the_config_is_frozen() -> None:
@@ -132,8 +141,8 @@ def test_the_config_is_frozen() -> None:
         ({"server.listen": "[::1:80"}, "server.listen", "hostname"),
         ({"server.listen": "bad host:80"}, "server.listen", "hostname"),
         ({"server.listen": "[1.2.3.4]:80"}, "server.listen", "IPv6"),
-        ({"controller.window_size": "0"}, "controller", "window_size"),
-        ({"controller.policy": "lottery"}, "controller", "policy"),
+        ({"controller.window_size": "0"}, "controller.window_size", "> 0"),
+        ({"controller.policy": "lottery"}, "controller.policy", "clockwork, fifo, timeout"),
         ({"controller.schedule_ahead_ms": "3"}, "controller.schedule_ahead_ms", "a key of"),
         (
             {"server.max_outstanding_per_connection": "100", "server.max_outstanding_total": "10"},
@@ -246,7 +255,7 @@ name = "spare"
     assert isinstance(remote, RemoteExecutorConfig)
     assert (remote.name, remote.address, remote.token) == (
         "remote-0",
-        Address("gpu-box.lan", 7480),
+        TcpAddress("gpu-box.lan", 7480),
         TOKEN_A,
     )
     assert spare == LocalExecutorConfig(name="spare")
@@ -295,14 +304,151 @@ def test_warnings_for_exposed_listeners() -> None:
 @pytest.mark.parametrize(
     ("text", "address", "loopback"),
     [
-        ("127.0.0.1:1", Address("127.0.0.1", 1), True),
-        ("[::1]:7470", Address("::1", 7470), True),
-        ("localhost:0", Address("localhost", 0), True),
-        ("10.0.0.2:80", Address("10.0.0.2", 80), False),
-        ("node-1.example.org:9", Address("node-1.example.org", 9), False),
+        ("127.0.0.1:1", TcpAddress("127.0.0.1", 1), True),
+        ("[::1]:7470", TcpAddress("::1", 7470), True),
+        ("localhost:0", TcpAddress("localhost", 0), True),
+        ("10.0.0.2:80", TcpAddress("10.0.0.2", 80), False),
+        ("node-1.example.org:9", TcpAddress("node-1.example.org", 9), False),
     ],
 )
-def test_addresses_parse_and_print_back(text: str, address: Address, loopback: bool) -> None:
-    assert Address.parse(text) == address
+def test_addresses_parse_and_print_back(text: str, address: TcpAddress, loopback: bool) -> None:
+    assert TcpAddress.parse(text) == address
     assert str(address) == text
     assert address.is_loopback is loopback
+
+
+# --- one dataclass per section -----------------------------------------------------------------
+
+
+def test_each_section_is_the_dataclass_its_part_uses_with_its_defaults() -> None:
+    config = load()
+    assert config.server.limits == ServerLimits()
+    assert config.executor_link == LinkConfig()
+    assert config.executor_link.reconnect_backoff == BackoffConfig()
+    assert config.profiler == ProfilerConfig()
+    runtime = setup.runtime_config(config)
+    assert runtime.link is config.executor_link and runtime.profiler is config.profiler
+    assert setup.supervisor_config(config).backoff is config.executor_link.reconnect_backoff
+
+
+def test_keys_reach_the_runtime_dataclasses_and_nested_keys_take_their_prefix() -> None:
+    config = load(
+        overrides={
+            "server.max_connections": "7",
+            "server.flush_timeout_s": "0.5",
+            "executor_link.heartbeat_interval_ms": "50",
+            "executor_link.heartbeat_miss_limit": "1",
+            "executor_link.reconnect_backoff_max_s": "0.5",
+            "profiler.max_execute_ns": "50000000",
+        }
+    )
+    assert (config.server.limits.max_connections, config.server.limits.flush_timeout_s) == (7, 0.5)
+    link = config.executor_link
+    assert link.heartbeat_interval_s == 0.05
+    assert link.heartbeat_timeout_s == pytest.approx(0.075)  # 1.5 periods
+    assert link.reconnect_backoff == BackoffConfig(max_s=0.5)
+    assert config.profiler.max_execute_ns == 50_000_000
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "says"),
+    [
+        (  # BackoffConfig's own check, named by the key the user wrote
+            {
+                "executor_link.reconnect_backoff_initial_s": "9",
+                "executor_link.reconnect_backoff_max_s": "1",
+            },
+            "executor_link.reconnect_backoff_initial_s",
+            "0 .. max_s (1.0)",
+        ),
+        ({"executor_link.limits": "{}"}, "executor_link.limits", "a key of"),  # internal
+        ({"executor_link.reconnect": "1"}, "executor_link.reconnect", "a key of"),
+        ({"server.limits": "1"}, "server.limits", "a key of"),
+        ({"profiler.percentile": "90"}, "profiler.percentile", "a key of"),  # the core's
+        ({"profiler.iterations": "0"}, "profiler.iterations", "at least 1"),
+        (
+            {"controller.margin_min_ns": "9", "controller.margin_max_ns": "1"},
+            "controller.margin_max_ns",
+            ">= margin_min_ns",
+        ),
+    ],
+)
+def test_a_dataclass_refusing_a_value_is_named_by_its_key(
+    overrides: dict[str, str], key: str, says: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load(overrides=overrides)
+    assert raised.value.key == key
+    assert says in raised.value.expected
+
+
+def test_the_logged_config_lists_keys_as_a_file_sets_them() -> None:
+    plain = redacted(load(overrides={"server.admin_token": TOKEN_A}))
+    assert plain["server"]["max_connections"] == 4096 and "limits" not in plain["server"]
+    assert plain["server"]["admin_token"] == "<redacted>"
+    assert plain["executor_link"]["reconnect_backoff_max_s"] == 5.0
+    assert "controller_name" not in plain["executor_link"]
+    assert plain["profiler"]["max_execute_ns"] == 1_000_000_000
+    assert plain["executors"][0]["cpus"] == [1]
+
+
+# --- moved keys ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new"), [(old, new) for old, (new, _) in MOVED_KEYS.items()])
+def test_a_moved_key_is_refused_from_every_source_naming_its_new_key(
+    tmp_path: Path, old: str, new: str
+) -> None:
+    section, key = old.split(".")
+    new_section, new_key = new.split(".")
+    assert key not in section_keys(SECTIONS[section])  # gone from where it was
+    assert new_key in section_keys(SECTIONS[new_section])  # a key where it went
+    variable = f"CLOCKWORK_ASYNC_{section}_{key}".upper()
+    for attempt in (
+        lambda: load(f"[{section}]\n{key} = 1\n", tmp_path=tmp_path),
+        lambda: load(environ={variable: "1"}),
+        lambda: load(overrides={old: "1"}),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            attempt()
+        assert raised.value.key == old
+        assert f"{new} instead" in str(raised.value)
+
+
+def test_the_profiler_bound_moved_to_nanoseconds() -> None:
+    with pytest.raises(ConfigError, match=r"profiler\.max_execute_ns instead.*1000000000"):
+        load(overrides={"repository.max_profile_execute_ms": "1000.0"})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+    size_bytes: int = ranged(1, 1, 10)
+    shared: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer:
+    inner: _Inner = nested(_Inner)
+    flat: _Inner = nested(_Inner, prefix="flat_")
+    note: str = internal("code only")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Clashing:
+    shared: int = 0
+    inner: _Inner = nested(_Inner, prefix="")
+
+
+def test_the_key_rule_prefixes_nested_fields_skips_internal_ones_and_refuses_clashes() -> None:
+    assert list(section_keys(_Outer)) == [
+        "inner_size_bytes",
+        "inner_shared",
+        "flat_size_bytes",
+        "flat_shared",
+    ]
+    built = build_section(_Outer, "toy", {"flat_size_bytes": Raw(3, "test")})
+    assert built == _Outer(flat=_Inner(size_bytes=3))
+    with pytest.raises(ConfigError, match="at most 10"):
+        build_section(_Outer, "toy", {"inner_size_bytes": Raw(11, "test")})
+    with pytest.raises(TypeError, match="shared"):
+        section_keys(_Clashing)

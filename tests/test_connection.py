@@ -56,11 +56,23 @@ def test_parse_address(text: str, address: UnixAddress | TcpAddress) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["unix:", "tcp:host", "host:", ":80", "h:65536", "h:-1", "h:8x", "::1:80", "h:٣"]
+    "text",
+    ["unix:", "tcp:host", "host:", ":80", "h:65536", "h:-1", "h:8x", "::1:80", "h:٣", "a b:1"],
 )
 def test_parse_address_rejects_bad_addresses_clearly(text: str) -> None:
     with pytest.raises(ValueError, match="bad address"):
         parse_address(text)
+
+
+def test_tcp_addresses_are_the_configs_addresses_and_print_as_clients_write_them() -> None:
+    """One address type: what a connection parses is what the config holds (`TcpAddress`),
+    printed as ``host:port``, which both parse back."""
+    address = parse_address("tcp:[::1]:7470")
+    assert address == TcpAddress.parse("[::1]:7470") == TcpAddress("::1", 7470)
+    assert str(address) == "[::1]:7470" and parse_address(str(address)) == address
+    assert isinstance(address, TcpAddress) and address.is_loopback
+    with pytest.raises(ValueError, match=r"1\.\.65535"):
+        TcpAddress.parse("gpu-box:0", allow_port_zero=False)
 
 
 @pytest_asyncio.fixture(params=["unix", "tcp"])

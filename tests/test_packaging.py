@@ -9,13 +9,18 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
+from enum import Enum
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import config as config_module
-from clockwork_async.config import MachineFacts, ServerConfig, load_config
+from clockwork_async.api.server import ServerLimits
+from clockwork_async.config import MachineFacts, load_config
+from clockwork_async.config_fields import section_keys, section_values
+from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
 from clockwork_async.model_info import ModelSettings
@@ -55,8 +60,8 @@ def test_unit_is_notify_with_watchdog_reload_and_drain_bounds() -> None:
     ]
     assert unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert unit["KillMode"] == ["mixed"]
-    assert seconds(unit["TimeoutStopSec"][0]) > ServerConfig().drain_timeout_s + 10
-    assert int(unit["LimitNOFILE"][0]) >= ServerConfig().max_connections + 1024
+    assert seconds(unit["TimeoutStopSec"][0]) > ServerLimits().drain_timeout_s + 10
+    assert int(unit["LimitNOFILE"][0]) >= ServerLimits().max_connections + 1024
     assert unit["DynamicUser"] == ["yes"] or unit.get("User") == ["clockwork"]
     assert unit["StateDirectory"] == ["clockwork-async"]
 
@@ -106,6 +111,25 @@ def test_systemd_analyze_verify_is_clean(checkable_unit: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout + result.stderr == ""  # unknown keys only warn: none allowed
+
+
+@needs_systemd_analyze
+@pytest.mark.skipif(Path("/usr/bin/clockwork-async").exists(), reason="installed here")
+def test_verify_of_the_shipped_unit_fails_only_as_its_comment_and_the_docs_say(
+    tmp_path: Path,
+) -> None:
+    shipped = tmp_path / UNIT.name
+    shipped.write_text(UNIT.read_text())
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(shipped)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    said = "Command /usr/bin/clockwork-async is not executable"
+    assert f"{UNIT.name}: {said}: No such file or directory" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # that and nothing else
+    assert said in UNIT.read_text()
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert f"`{said}: No such file or directory`" in " ".join(operations.split())
 
 
 @needs_systemd_analyze
@@ -168,23 +192,83 @@ def test_example_config_holds_every_default() -> None:
     assert dataclasses.replace(example, source="") == defaults
 
 
-def section_keys() -> dict[str, list[str]]:
+MACHINE_DEPENDENT = {"path", "profile_cache_dir", "weights_budget_bytes", "name", "address"}
+
+
+def documented_defaults() -> dict[str, dict[str, str]]:
+    """The default column of docs/configuration.md, per section (``executors`` for local
+    executors, ``remote executors``) and key, as written."""
+    defaults: dict[str, dict[str, str]] = {}
+    section = ""
+    for line in CONFIGURATION_DOC.read_text().splitlines():
+        heading = re.match(r"^#+ (?:`\[\[?(\w+)\]?\]`)?", line)
+        if heading:
+            section = heading[1] or ""
+            continue
+        if line.startswith("| key |") and section in defaults:
+            section = "remote executors"  # the second table under [[executors]]
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)]
+        key = re.fullmatch(r"`(\w+)`", cells[1]) if len(cells) == 6 else None
+        if section and key:
+            defaults.setdefault(section, {})[key[1]] = cells[3]
+    return defaults
+
+
+def documented_value(cell: str) -> object:
+    """A default cell as a value: ``67108864 (64 MiB)`` -> 67108864, ```plain``` -> "plain",
+    ``unset`` -> None."""
+    text = re.sub(r"\s*\(.*\)$", "", cell).strip("`")
+    if text == "unset":
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def test_documented_defaults_are_the_dataclasses() -> None:
+    """Each default in docs/configuration.md is the one its section's dataclass holds (the
+    example config is checked against them by test_example_config_holds_every_default)."""
+    built = load_config(None, {"HOME": "/home/op"}, {}, machine=MACHINE)
+    sections: dict[str, object] = {name: getattr(built, name) for name in config_module.SECTIONS}
+    sections["executors"] = config_module.LocalExecutorConfig()
+    sections["remote executors"] = config_module.RemoteExecutorConfig(TcpAddress("h", 1))
+    documented = documented_defaults()
+    assert set(documented) == set(sections)
+    compared = 0
+    for section, instance in sections.items():
+        plain = {k: v for k, (v, _secret) in section_values(instance).items()}
+        assert set(documented[section]) == set(plain), section
+        for key, cell in documented[section].items():
+            if key in MACHINE_DEPENDENT:
+                continue
+            value = plain[key]
+            if isinstance(value, TcpAddress | Enum):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            assert documented_value(cell) == value, (section, key, cell)
+            compared += 1
+    assert compared > 60
+
+
+def every_key() -> dict[str, list[str]]:
     sections = {name: cls for name, cls in config_module.SECTIONS.items()}
     sections["executors"] = config_module.LocalExecutorConfig
     sections["remote executors"] = config_module.RemoteExecutorConfig
-    return {name: [f.name for f in dataclasses.fields(cls)] for name, cls in sections.items()}
+    return {name: list(section_keys(cls)) for name, cls in sections.items()}
 
 
 def test_every_key_is_in_the_example_and_the_docs() -> None:
     example = EXAMPLE.read_text()
     docs = CONFIGURATION_DOC.read_text()
-    for section, keys in section_keys().items():
+    for section, keys in every_key().items():
         for key in keys:
             assert re.search(rf"^#? ?{key} = ", example, re.MULTILINE), (section, key)
             assert f"| `{key}` |" in docs, (section, key)
     for key in (f.name for f in dataclasses.fields(ModelSettings)):
         assert f"| `{key}` |" in docs, ("model.toml", key)
-    assert len(section_keys()["controller"]) == len(dataclasses.fields(ControllerConfig))
+    assert len(every_key()["controller"]) == len(dataclasses.fields(ControllerConfig))
 
 
 def test_every_metric_is_documented() -> None:

@@ -3,9 +3,12 @@
 Invariants: a ``DaemonConfig`` only exists validated (``load_config`` is the one way to make one
 from outside input), it is frozen and passed down, and nothing below the CLI reads the
 environment or the file again. Every bad value raises ``ConfigError`` naming the key, the value,
-where it came from and what was expected. Sections are dataclasses mapped generically from their
-tables (``dataclasses.fields`` + type hints), so a new field needs no parsing code; numeric
-ranges live beside the field as metadata. Units are in key names (``_ms``, ``_s``, ``_bytes``).
+where it came from and what was expected. Each section is the dataclass its part uses
+(``SECTIONS``: `ServerLimits` inside `ServerConfig`, `LinkConfig`, `ProfilerConfig`,
+`ControllerConfig` ...), mapped generically from its table (`config_keys` says which fields are
+keys), so a new field needs no parsing code, and each default and range is written once, beside
+its field. Units are in key names (``_ns``, ``_ms``, ``_s``, ``_bytes``), the same on both sides.
+A key that moved (``MOVED_KEYS``) is refused, from any source, naming where it went.
 """
 
 from __future__ import annotations
@@ -14,35 +17,36 @@ import dataclasses
 import os
 import re
 import tomllib
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
+from clockwork_async.api.server import ServerLimits
 from clockwork_async.config_fields import (
-    Address,
     ConfigError,
     Raw,
     build_section,
     choices,
     parse_toml_value,
-    ranged,
-    secret,
+    section_values,
 )
+from clockwork_async.config_keys import RANGE, nested, ranged, secret
+from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
+from clockwork_async.runtime.executor_link import LinkConfig
+from clockwork_async.runtime.profiler import ProfilerConfig
 
-__all__ = ["Address", "ConfigError", "DaemonConfig", "load_config"]
+__all__ = ["ConfigError", "DaemonConfig", "TcpAddress", "load_config"]
 
 ENV_PREFIX = "CLOCKWORK_ASYNC_"
 MIN_TOKEN_CHARS = 16
 MiB = 1 << 20
 GiB = 1 << 30
-DEFAULT_SERVER_LISTEN = Address("127.0.0.1", 7470)
-DEFAULT_METRICS_LISTEN = Address("127.0.0.1", 9470)
+DEFAULT_SERVER_LISTEN = TcpAddress("127.0.0.1", 7470)
+DEFAULT_METRICS_LISTEN = TcpAddress("127.0.0.1", 9470)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
 _TOKEN = re.compile(r"^[\x21-\x7e]+\Z")  # printable ASCII, no spaces
 
 
@@ -65,21 +69,12 @@ class ExecutorType(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
-    """``[server]``: the client API listener, its limits, logging, authentication and TLS,
-    whether the daemon pins itself (the controller) to one CPU and how long its loop
-    busy-polls after work."""
+    """``[server]``: the client API listener, its limits (`ServerLimits`, whose fields are keys
+    of this section as they are), logging, authentication and TLS, whether the daemon pins
+    itself (the controller) to one CPU and how long its loop busy-polls after work."""
 
-    listen: Address = DEFAULT_SERVER_LISTEN
-    max_connections: int = ranged(4096, 1, 1_000_000)
-    max_outstanding_per_connection: int = ranged(1024, 1, 1_000_000)
-    max_outstanding_total: int = ranged(65536, 1, 10_000_000)
-    max_frame_bytes: int = ranged(64 * MiB, 64 * 1024, 2 * GiB)
-    drain_timeout_s: float = ranged(10.0, 0.0, 3600.0)
-    hello_timeout_s: float = ranged(10.0, 0.1, 3600.0)  # connect to hello, else closed
-    max_write_buffer_bytes: int = ranged(1 * MiB, 4096, 1 * GiB)  # unsent replies: stop reading
-    max_queued_messages: int = ranged(256, 1, 1_000_000)  # decoded, not handled: stop reading
-    max_uploads_in_flight: int = ranged(4, 1, 1024)  # add_model calls, all connections
-    max_upload_bytes_in_flight: int = ranged(256 * MiB, 64 * 1024, 64 * GiB)  # their bytes
+    listen: TcpAddress = DEFAULT_SERVER_LISTEN
+    limits: ServerLimits = nested(ServerLimits, prefix="")
     log_format: LogFormat = LogFormat.PLAIN
     log_level: LogLevel = LogLevel.INFO
     infer_token: str = secret()
@@ -103,7 +98,7 @@ class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint (``/metrics``, ``/healthz``, ``/readyz``)."""
 
     enabled: bool = True
-    listen: Address = DEFAULT_METRICS_LISTEN
+    listen: TcpAddress = DEFAULT_METRICS_LISTEN
     instance_label_limit: int = ranged(100, 0, 100_000)
 
 
@@ -114,9 +109,8 @@ class RepositoryConfig:
 
     path: Path
     profile_cache_dir: Path
-    weights_budget_bytes: int = field(metadata={"range": (1, None)})
+    weights_budget_bytes: int = field(metadata={RANGE: (1, None)})
     max_model_bytes: int = ranged(GiB, 1024, 2 * GiB)
-    max_profile_execute_ms: float = ranged(1000.0, 0.001, 600_000.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +132,7 @@ class LocalExecutorConfig:
 class RemoteExecutorConfig:
     """``[[executors]]`` with ``type = "remote"``: started elsewhere (``executor --listen``)."""
 
-    address: Address
+    address: TcpAddress
     name: str = ""
     token: str = secret()
     tls_ca_path: Path | None = None
@@ -150,19 +144,6 @@ _DEVICE = re.compile(r"^(cpu|sim|cuda:[0-9]{1,2})\Z")
 
 
 @dataclass(frozen=True, slots=True)
-class ExecutorLinkConfig:
-    """``[executor_link]``: heartbeats and reconnect backoff for every executor connection."""
-
-    heartbeat_interval_ms: float = ranged(200.0, 1.0, 60_000.0)
-    heartbeat_miss_limit: int = ranged(3, 1, 1000)
-    connect_timeout_s: float = ranged(5.0, 0.01, 600.0)
-    reconnect_backoff_initial_s: float = ranged(0.05, 0.0, 600.0)
-    reconnect_backoff_factor: float = ranged(2.0, 1.0, 100.0)
-    reconnect_backoff_max_s: float = ranged(5.0, 0.0, 3600.0)
-    reconnect_backoff_healthy_s: float = ranged(10.0, 0.0, 86_400.0)
-
-
-@dataclass(frozen=True, slots=True)
 class DaemonConfig:
     """Everything the daemon needs, validated. Build it with ``load_config``."""
 
@@ -171,7 +152,8 @@ class DaemonConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
-    executor_link: ExecutorLinkConfig = field(default_factory=ExecutorLinkConfig)
+    executor_link: LinkConfig = field(default_factory=LinkConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     source: str = ""  # the file it came from, for logs ("" = built-in defaults)
 
     def warnings(self) -> list[str]:
@@ -191,7 +173,15 @@ SECTIONS: dict[str, type[Any]] = {
     "metrics": MetricsConfig,
     "repository": RepositoryConfig,
     "controller": ControllerConfig,
-    "executor_link": ExecutorLinkConfig,
+    "executor_link": LinkConfig,
+    "profiler": ProfilerConfig,
+}
+# Keys that moved: refused where they were, with where they went (section.key: new, note).
+MOVED_KEYS: dict[str, tuple[str, str]] = {
+    "repository.max_profile_execute_ms": (
+        "profiler.max_execute_ns",
+        "nanoseconds, like every [profiler] time: 1000.0 ms is 1000000000",
+    ),
 }
 EXECUTOR_TYPES: dict[str, type[Any]] = {
     ExecutorType.LOCAL: LocalExecutorConfig,
@@ -292,6 +282,7 @@ class _Layers:
         if not isinstance(table, dict):
             raise ConfigError(section, table, "a table ([section])", source)
         for key, value in table.items():
+            _refuse_moved(section, key, value, source)
             self.tables[section][key] = Raw(value, source)
 
     def add_environ(self, environ: Mapping[str, str]) -> None:
@@ -311,6 +302,7 @@ class _Layers:
         if section == "executors":
             self.executors = Raw(parse_toml_value("executors", text, source), source)
         elif section in SECTIONS:
+            _refuse_moved(section, key, text, source)
             self.tables[section][key] = Raw(text, source, is_text=True)
         else:
             raise ConfigError(
@@ -320,6 +312,15 @@ class _Layers:
     @staticmethod
     def _sections() -> list[str]:
         return [*SECTIONS, "executors"]
+
+
+def _refuse_moved(section: str, key: str, value: Any, source: str) -> None:
+    moved = MOVED_KEYS.get(f"{section}.{key}")
+    if moved is not None:
+        new, note = moved
+        raise ConfigError(
+            f"{section}.{key}", value, f"{new} instead: the key moved ({note})", source
+        )
 
 
 def _split_env_name(name: str, value: str) -> tuple[str, str]:
@@ -375,9 +376,9 @@ def _executor(index: int, table: Any, source: str) -> ExecutorConfig:
     return executor
 
 
-def _remote_address(key: str, value: Any, source: str) -> Address:
+def _remote_address(key: str, value: Any, source: str) -> TcpAddress:
     try:
-        return Address.parse(value, allow_port_zero=False)
+        return TcpAddress.parse(value, allow_port_zero=False)
     except (ValueError, AttributeError, TypeError) as error:
         raise ConfigError(key, value, str(error) or "host:port", source) from None
 
@@ -403,17 +404,18 @@ def _check(config: DaemonConfig, facts: MachineFacts) -> None:
 
 
 def _check_server(server: ServerConfig) -> None:
-    if server.max_outstanding_per_connection > server.max_outstanding_total:
+    limits = server.limits
+    if limits.max_outstanding_per_connection > limits.max_outstanding_total:
         raise ConfigError(
             "server.max_outstanding_per_connection",
-            server.max_outstanding_per_connection,
-            f"at most server.max_outstanding_total ({server.max_outstanding_total})",
+            limits.max_outstanding_per_connection,
+            f"at most server.max_outstanding_total ({limits.max_outstanding_total})",
         )
-    if server.max_upload_bytes_in_flight < server.max_frame_bytes:
+    if limits.max_upload_bytes_in_flight < limits.max_frame_bytes:
         raise ConfigError(
             "server.max_upload_bytes_in_flight",
-            server.max_upload_bytes_in_flight,
-            f"at least server.max_frame_bytes ({server.max_frame_bytes}), the largest upload",
+            limits.max_upload_bytes_in_flight,
+            f"at least server.max_frame_bytes ({limits.max_frame_bytes}), the largest upload",
         )
     for key in ("infer_token", "admin_token"):
         _check_token(f"server.{key}", getattr(server, key))
@@ -464,20 +466,24 @@ def _check_local(key: str, executor: LocalExecutorConfig, cpus: Sequence[int]) -
 
 
 def redacted(config: DaemonConfig) -> dict[str, Any]:
-    """The config as plain data for logs, with every secret replaced by ``"<redacted>"``."""
-    return typing.cast(dict[str, Any], _plain(config))
+    """The config as plain data for logs, section by section and key by key as a file would
+    set them, with every secret replaced by ``"<redacted>"``."""
+    plain: dict[str, Any] = {name: _plain_section(getattr(config, name)) for name in SECTIONS}
+    plain["executors"] = [_plain_section(executor) for executor in config.executors]
+    plain["source"] = config.source
+    return plain
+
+
+def _plain_section(section: Any) -> dict[str, Any]:
+    return {
+        key: "<redacted>" if is_secret and value else _plain(value)
+        for key, (value, is_secret) in section_values(section).items()
+    }
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, Path | Address):
+    if isinstance(value, Path | TcpAddress):
         return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        out = {}
-        for spec in dataclasses.fields(value):
-            item = getattr(value, spec.name)
-            secret = spec.metadata.get("secret") and item
-            out[spec.name] = "<redacted>" if secret else _plain(item)
-        return out
     if isinstance(value, tuple | list):
         return [_plain(item) for item in value]
     if isinstance(value, Enum):

@@ -2,93 +2,54 @@
 
 Invariants: a value reaches a dataclass only converted to its field's type hint; a value given
 as text (an environment variable or a command-line flag) is read as a TOML value unless the
-field is textual (str, Path, Address, an Enum); an unknown key, a wrong type or a value outside
-the field's ``range`` metadata raises ``ConfigError`` naming key, value, source and expectation.
+field is textual (str, Path, TcpAddress, an Enum); an unknown key, a wrong type or a value
+outside the field's ``range`` metadata raises ``ConfigError`` naming key, value, source and
+expectation, and so does a value the dataclass's own checks refuse (its ConfigError's field is
+renamed to the key the user wrote, ``section.prefix+field``). Which fields are keys, and under
+which names, is declared by the dataclasses themselves (`config_keys`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
-import re
 import tomllib
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
+from clockwork_async.config_keys import (
+    INTERNAL,
+    PREFIX,
+    RANGE,
+    SECRET,
+    internal,
+    nested,
+    ranged,
+    secret,
+)
+from clockwork_async.connection import TcpAddress
+from clockwork_async.core.config import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot be used: names the key, value, source and expectation."""
-
-    def __init__(self, key: str, value: object, expected: str, source: str = "") -> None:
-        where = f" (from {source})" if source else ""
-        super().__init__(f"config {key} = {value!r}{where}: expected {expected}")
-        self.key = key
-        self.value = value
-        self.expected = expected
-        self.source = source
-
-
-def ranged(default: Any, lo: float | None = None, hi: float | None = None) -> Any:
-    """A dataclass field with an inclusive numeric range checked by the loader."""
-    return field(default=default, metadata={"range": (lo, hi)})
-
-
-def secret(default: str = "") -> Any:
-    """A string field that is never printed (repr, errors, ``redacted``)."""
-    return field(default=default, metadata={"secret": True}, repr=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Address:
-    """A TCP ``host:port``; IPv6 hosts are written in brackets (``[::1]:7470``)."""
-
-    host: str
-    port: int
-
-    @classmethod
-    def parse(cls, text: str, *, allow_port_zero: bool = True) -> Address:
-        """Parse ``host:port``; raises ValueError with the reason."""
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise ValueError("host:port with a numeric port")
-        port = int(port_text)
-        if not (0 if allow_port_zero else 1) <= port <= 65535:
-            raise ValueError("a port in 1..65535" + (" (or 0 for any)" if allow_port_zero else ""))
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-            _check_ip(host, version=6)
-        elif not _is_ip(host) and not _HOSTNAME.match(host):
-            raise ValueError("a hostname, an IPv4 address or a bracketed IPv6 address")
-        return cls(host, port)
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        return _is_ip(self.host) and ipaddress.ip_address(self.host).is_loopback
-
-    def __str__(self) -> str:
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _check_ip(text: str, version: int) -> None:
-    if not _is_ip(text) or ipaddress.ip_address(text).version != version:
-        raise ValueError(f"a valid IPv{version} address")
+# ConfigError and TcpAddress are defined where the lowest layer using them can import them;
+# they are re-exported here for the config's users.
+__all__ = [
+    "ConfigError",
+    "Raw",
+    "TcpAddress",
+    "build_section",
+    "choices",
+    "internal",
+    "nested",
+    "parse_toml_value",
+    "ranged",
+    "secret",
+    "section_keys",
+    "section_values",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,22 +73,104 @@ def choices(items: Sequence[str]) -> str:
     return ", ".join(items)
 
 
-def build_section(cls: type[Any], section: str, raw: Mapping[str, Raw]) -> Any:
-    """Build dataclass ``cls`` from raw values; unknown keys, bad types and ranges raise."""
+FieldPath = tuple[str, ...]  # field names from the section's dataclass down to a value
+
+
+def section_keys(cls: type[Any]) -> dict[str, FieldPath]:
+    """The TOML keys of config dataclass ``cls`` (`config_keys`: every init field not
+    `internal`, and the keys of each `nested` one under its prefix), each with the path of
+    field names it sets."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    keys: dict[str, FieldPath] = {}
+    for spec in dataclasses.fields(cls):
+        if not spec.init or spec.metadata.get(INTERNAL):
+            continue
+        if PREFIX in spec.metadata:
+            prefix = spec.metadata[PREFIX]
+            prefix = f"{spec.name}_" if prefix is None else prefix
+            inner = {
+                prefix + key: (spec.name, *path)
+                for key, path in section_keys(hints[spec.name]).items()
+            }
+        else:
+            inner = {spec.name: (spec.name,)}
+        clash = keys.keys() & inner.keys()
+        if clash:  # a nested dataclass's key would hide another: a mistake in the code
+            raise TypeError(f"{cls.__name__}: keys {sorted(clash)} are declared twice")
+        keys.update(inner)
+    return keys
+
+
+def section_values(section: Any) -> dict[str, tuple[Any, bool]]:
+    """Each key of a built section with its value and whether it is secret."""
     values = {}
+    for key, path in section_keys(type(section)).items():
+        owner = section
+        for name in path[:-1]:
+            owner = getattr(owner, name)
+        spec = next(f for f in dataclasses.fields(owner) if f.name == path[-1])
+        values[key] = (getattr(owner, path[-1]), bool(spec.metadata.get(SECRET)))
+    return values
+
+
+def build_section(cls: type[Any], section: str, raw: Mapping[str, Raw]) -> Any:
+    """Build config dataclass ``cls`` (and those `nested` in it) from the raw values of its
+    keys; an unknown key, a bad type or range, or a value the dataclass refuses raises
+    ConfigError naming ``section.key``."""
+    keys = section_keys(cls)
+    values: dict[FieldPath, Any] = {}
     for key, item in raw.items():
         name = f"{section}.{key}"
-        if key not in fields:
-            raise ConfigError(name, item.value, f"a key of [{section}]: {choices(list(fields))}")
-        values[key] = _field_value(fields[key], hints[key], item, name)
+        if key not in keys:
+            raise ConfigError(name, item.value, f"a key of [{section}]: {choices(list(keys))}")
+        spec, hint = _leaf(cls, keys[key])
+        values[keys[key]] = _field_value(spec, hint, item, name)
+    return _construct(cls, (), "", values, _Where(section, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    section: str
+    raw: Mapping[str, Raw]
+
+    def error(self, key: str, error: ConfigError) -> ConfigError:
+        """``error`` (raised by a dataclass about its field ``key``) named as the user wrote it."""
+        item = self.raw.get(key)
+        return ConfigError(
+            f"{self.section}.{key}", error.value, error.expected, item.source if item else ""
+        )
+
+
+def _leaf(cls: type[Any], path: FieldPath) -> tuple[dataclasses.Field[Any], Any]:
+    for name in path[:-1]:
+        cls = typing.get_type_hints(cls)[name]
+    spec = next(f for f in dataclasses.fields(cls) if f.name == path[-1])
+    return spec, typing.get_type_hints(cls)[path[-1]]
+
+
+def _construct(
+    cls: type[Any], at: FieldPath, prefix: str, values: Mapping[FieldPath, Any], where: _Where
+) -> Any:
+    """``cls`` at ``at`` (whose keys start with ``prefix``), from the ``values`` under it; a
+    `nested` dataclass no value reaches keeps its default."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for spec in dataclasses.fields(cls):
+        path = (*at, spec.name)
+        if path in values:
+            kwargs[spec.name] = values[path]
+        elif PREFIX in spec.metadata and any(p[: len(path)] == path for p in values):
+            inner = spec.metadata[PREFIX]
+            inner = f"{spec.name}_" if inner is None else inner
+            kwargs[spec.name] = _construct(hints[spec.name], path, prefix + inner, values, where)
     try:
-        return cls(**values)
+        return cls(**kwargs)
+    except ConfigError as error:  # the dataclass's own checks, naming its field
+        raise where.error(prefix + error.key, error) from None
     except TypeError as error:  # a required key is missing
-        raise ConfigError(section, "", f"all required keys ({error})") from None
-    except ValueError as error:  # the section's own __post_init__ validation
-        raise ConfigError(section, values, f"a valid combination ({error})") from None
+        raise ConfigError(where.section, "", f"all required keys ({error})") from None
+    except ValueError as error:  # a check that names no field
+        raise ConfigError(where.section, kwargs, f"a valid combination ({error})") from None
 
 
 def _field_value(spec: dataclasses.Field[Any], hint: Any, item: Raw, key: str) -> Any:
@@ -135,7 +178,7 @@ def _field_value(spec: dataclasses.Field[Any], hint: Any, item: Raw, key: str) -
         value = _coerce(item.value, hint, key, item.source, item.is_text)
         _check_range(spec, value, key, item.source)
     except ConfigError as error:
-        if spec.metadata.get("secret"):
+        if spec.metadata.get(SECRET):
             raise ConfigError(key, "<redacted>", error.expected, error.source) from None
         raise
     return value
@@ -157,7 +200,7 @@ def _coerce(value: Any, hint: Any, key: str, source: str, is_text: bool) -> Any:
 
 
 def _is_textual(hint: Any) -> bool:
-    return hint in (str, Path, Address) or (isinstance(hint, type) and issubclass(hint, Enum))
+    return hint in (str, Path, TcpAddress) or (isinstance(hint, type) and issubclass(hint, Enum))
 
 
 def _convert(value: Any, hint: Any) -> Any:
@@ -178,7 +221,7 @@ def _convert(value: Any, hint: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TypeError("a number")
         return float(value)
-    if hint in (Path, Address) and isinstance(value, hint):
+    if hint in (Path, TcpAddress) and isinstance(value, hint):
         return value
     if not isinstance(value, str):
         raise TypeError(_type_name(hint))
@@ -191,8 +234,8 @@ def _convert_text(text: str, hint: Any) -> Any:
         if not path.is_absolute():
             raise ValueError("an absolute path")
         return path
-    if hint is Address:
-        return Address.parse(text)
+    if hint is TcpAddress:
+        return TcpAddress.parse(text)
     if isinstance(hint, type) and issubclass(hint, Enum):
         allowed = [str(member.value) for member in hint]
         if text not in allowed:
@@ -207,7 +250,7 @@ def _type_name(hint: Any) -> str:
 
 
 def _check_range(spec: dataclasses.Field[Any], value: Any, key: str, source: str) -> None:
-    lo, hi = spec.metadata.get("range", (None, None))
+    lo, hi = spec.metadata.get(RANGE, (None, None))
     if lo is not None and value < lo:
         raise ConfigError(key, value, f"at least {lo}", source)
     if hi is not None and value > hi:

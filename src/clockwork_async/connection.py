@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import ipaddress
 import logging
+import re
 import socket
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
@@ -39,13 +41,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NoReturn, cast
 
-from clockwork_async.wire.codec import DEFAULT_LIMITS, Decoder, Encoder, Limits, ProtocolError
+from clockwork_async.wire.codec import (
+    DEFAULT_LIMITS,
+    Decoder,
+    Encoder,
+    Limits,
+    ProtocolError,
+    Screen,
+    Screened,
+)
 from clockwork_async.wire.messages import Error, Message
 
 logger = logging.getLogger(__name__)
 
 # `Connection.dispatch`'s callback: None to go on, or an awaitable to hold the rest until done.
 DispatchHandler = Callable[[Message], Awaitable[None] | None]
+ScreenedHandler = Callable[[Screened], None]  # `dispatch`: a frame the screen refused
 
 DEFAULT_MAX_QUEUED_MESSAGES = 256
 DEFAULT_MAX_QUEUED_BYTES = 64 << 20
@@ -57,6 +68,8 @@ class ConnectionClosed(Exception):
 
 
 # --- Addresses -------------------------------------------------------------------------------
+# The project's one address type: `TcpAddress` is also what the daemon's config holds (listen
+# addresses, remote executors); `parse_address` adds Unix sockets for connections.
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,16 +82,42 @@ class UnixAddress:
 
 @dataclass(frozen=True, slots=True)
 class TcpAddress:
+    """A TCP ``host:port``; an IPv6 host is written in brackets (``[::1]:7470``)."""
+
     host: str
     port: int
 
+    @classmethod
+    def parse(cls, text: str, *, allow_port_zero: bool = True) -> TcpAddress:
+        """Parse ``host:port`` (host: a hostname, an IPv4 address or a bracketed IPv6 one);
+        raises ValueError with the reason."""
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not port_text.isascii() or not port_text.isdigit():
+            raise ValueError("host:port with a numeric port")
+        port = int(port_text)
+        if not (0 if allow_port_zero else 1) <= port <= 0xFFFF:
+            raise ValueError("a port in 1..65535" + (" (or 0 for any)" if allow_port_zero else ""))
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+            if not _is_ip(host) or ipaddress.ip_address(host).version != 6:
+                raise ValueError("a valid IPv6 address in brackets")
+        elif ":" in host or (not _is_ip(host) and not _HOSTNAME.match(host)):
+            raise ValueError("a hostname, an IPv4 address or a bracketed IPv6 address")
+        return cls(host, port)
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        return _is_ip(self.host) and ipaddress.ip_address(self.host).is_loopback
+
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp:{host}:{self.port}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
 
 Address = UnixAddress | TcpAddress
 _ADDRESS_FORMS = "unix:/path/to.sock, tcp:HOST:PORT or HOST:PORT ([::1]:PORT for IPv6)"
+_HOSTNAME = re.compile(r"^(?=.{1,253}\Z)[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9-]{1,63})*\Z")
 
 
 def parse_address(text: str) -> Address:
@@ -88,13 +127,18 @@ def parse_address(text: str) -> Address:
         if not path:
             raise ValueError(f"bad address {text!r}: empty socket path; expected {_ADDRESS_FORMS}")
         return UnixAddress(path)
-    host, sep, port_text = text.removeprefix("tcp:").rpartition(":")
-    bracketed = host.startswith("[") and host.endswith("]")
-    host = host[1:-1] if bracketed else host
-    port_ok = port_text.isascii() and port_text.isdigit() and int(port_text) <= 0xFFFF
-    if not sep or not host or not port_ok or (":" in host and not bracketed):
-        raise ValueError(f"bad address {text!r}: expected {_ADDRESS_FORMS}")
-    return TcpAddress(host, int(port_text))
+    try:
+        return TcpAddress.parse(text.removeprefix("tcp:"))
+    except ValueError as error:
+        raise ValueError(f"bad address {text!r}: {error}; expected {_ADDRESS_FORMS}") from None
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 # --- Connection ------------------------------------------------------------------------------
@@ -157,6 +201,7 @@ class Connection:
         self._handler: DispatchHandler | None = None  # set while `dispatch` runs
         self._handler_error: BaseException | None = None
         self._hold: Awaitable[None] | None = None  # dispatch: what the handler asked to await
+        self._on_screened: ScreenedHandler | None = None
         self._writable = asyncio.Event()  # clear while the transport asks writers to pause
         self._writable.set()
         self._closed = asyncio.Event()
@@ -224,6 +269,13 @@ class Connection:
 
     # Receiving.
 
+    def set_screen(self, screen: Screen, on_screened: ScreenedHandler) -> None:
+        """From now on, ``screen`` sees each frame's header before its tail (`codec.Screen`);
+        a frame it refuses keeps none of its tensor bytes and goes to ``on_screened`` in its
+        place (`dispatch` only)."""
+        self._decoder.screen = screen
+        self._on_screened = on_screened
+
     async def recv(self) -> Message:
         """The next message. Raises ProtocolError when the peer sent bad bytes (after every
         good message before them), ConnectionClosed when the connection ended."""
@@ -231,7 +283,10 @@ class Connection:
             frame = self._decoder.next_frame()
             if frame is not None:
                 self._maybe_resume_reading()
-                return frame[0]
+                message = frame[0]
+                if isinstance(message, Screened):
+                    raise RuntimeError("a screened frame reached recv(): screen with dispatch")
+                return message
             if self._ended is not None:
                 raise ConnectionClosed(str(self._ended))
             self._readable.clear()
@@ -355,7 +410,12 @@ class Connection:
             frame = decoder.next_frame()
             assert frame is not None
             try:
-                self._hold = handler(frame[0])
+                message = frame[0]
+                if isinstance(message, Screened):
+                    assert self._on_screened is not None  # set with the screen
+                    self._on_screened(message)
+                else:
+                    self._hold = handler(message)
             except Exception as error:
                 self._handler_error = error
         if self._handler_error is not None:
@@ -533,8 +593,10 @@ async def start_server(
     write_high_water_bytes: int | None = None,
     allow_half_close: bool = False,
     ssl: ssl_module.SSLContext | None = None,
+    start_serving: bool = True,
 ) -> asyncio.Server:
-    """Serve ``address`` (over TLS with ``ssl``): each accepted connection runs
+    """Serve ``address`` (over TLS with ``ssl``; with ``start_serving`` false, bound but not
+    accepting until ``Server.start_serving``): each accepted connection runs
     ``handler(connection)`` in its own task and is closed when the handler returns (with
     ``allow_half_close``, a handler may still send after its peer ended writing). A handler
     that raises ProtocolError has an Error message sent to its peer first; ConnectionClosed
@@ -560,10 +622,19 @@ async def start_server(
     handshake_s = TLS_HANDSHAKE_TIMEOUT_S if ssl is not None else None
     if isinstance(parsed, UnixAddress):
         return await loop.create_unix_server(
-            protocol, parsed.path, ssl=ssl, ssl_handshake_timeout=handshake_s
+            protocol,
+            parsed.path,
+            ssl=ssl,
+            ssl_handshake_timeout=handshake_s,
+            start_serving=start_serving,
         )
     return await loop.create_server(
-        protocol, parsed.host, parsed.port, ssl=ssl, ssl_handshake_timeout=handshake_s
+        protocol,
+        parsed.host,
+        parsed.port,
+        ssl=ssl,
+        ssl_handshake_timeout=handshake_s,
+        start_serving=start_serving,
     )
 
 

@@ -12,26 +12,17 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from clockwork_async.config import (
-    DaemonConfig,
-    ExecutorLinkConfig,
-    LocalExecutorConfig,
-    RemoteExecutorConfig,
-)
+from clockwork_async.config import DaemonConfig, LocalExecutorConfig, RemoteExecutorConfig
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.profile_cache import ProfileCache, machine_key
 from clockwork_async.repository import ModelEntry, Repository
-from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.driver import RuntimeConfig
-from clockwork_async.runtime.executor_link import LinkConfig
-from clockwork_async.runtime.profiler import ProfilerConfig
 from clockwork_async.runtime.snapshot import DriverSnapshot
 from clockwork_async.runtime.supervisor import ExecutorSpec, SupervisorConfig
 from clockwork_async.service_impl import Registration
 
 log = logging.getLogger(__name__)
 
-MS_NS = 1_000_000
 DEMO_SEEDED_MARKER = ".demo-models-seeded"  # dot-files are not model folders
 
 
@@ -90,39 +81,18 @@ def pinned_executor_cpus(config: DaemonConfig) -> set[int]:
     return {cpu for executor in local_executors(config) for cpu in executor.cpus}
 
 
-def _backoff(link: ExecutorLinkConfig) -> BackoffConfig:
-    return BackoffConfig(
-        initial_s=link.reconnect_backoff_initial_s,
-        factor=link.reconnect_backoff_factor,
-        max_s=max(link.reconnect_backoff_max_s, link.reconnect_backoff_initial_s),
-        healthy_s=link.reconnect_backoff_healthy_s,
-    )
-
-
 def supervisor_config(config: DaemonConfig) -> SupervisorConfig:
+    """Local executors restart with the links' backoff (``[executor_link]``), logging at the
+    daemon's level."""
     return SupervisorConfig(
-        backoff=_backoff(config.executor_link),
+        backoff=config.executor_link.reconnect_backoff,
         log_level=config.server.log_level.value.upper(),
     )
 
 
 def runtime_config(config: DaemonConfig) -> RuntimeConfig:
-    """Link timing from ``[executor_link]``; profiling bounded by ``max_profile_execute_ms``.
-    An executor is down after ``heartbeat_miss_limit`` missed heartbeats (plus half a period,
-    so a limit of 1 is still a timeout longer than the interval)."""
-    link = config.executor_link
-    interval_s = link.heartbeat_interval_ms / 1000.0
-    max_execute_ns = max(1, round(config.repository.max_profile_execute_ms * MS_NS))
-    return RuntimeConfig(
-        link=LinkConfig(
-            connect_timeout_s=link.connect_timeout_s,
-            handshake_timeout_s=link.connect_timeout_s,
-            heartbeat_interval_s=interval_s,
-            heartbeat_timeout_s=interval_s * (link.heartbeat_miss_limit + 0.5),
-            reconnect=_backoff(link),
-        ),
-        profiler=ProfilerConfig(max_execute_ns=max_execute_ns),
-    )
+    """The runtime's settings: ``[executor_link]`` and ``[profiler]`` as they are."""
+    return RuntimeConfig(link=config.executor_link, profiler=config.profiler)
 
 
 def registration(config: DaemonConfig) -> Registration:
@@ -188,6 +158,8 @@ def live_snapshot(snapshot: DriverSnapshot, connections: int) -> LiveSnapshot:
         client_connections=connections,
         cold_starts=snapshot.core_counters.get("cold_starts", 0),
         warm_ups=snapshot.core_counters.get("warm_ups", 0),
+        loop_delay_ns=snapshot.loop_delay_ns,
+        loop_request_ns=snapshot.loop_cost_ns.get("request", 0.0),
     )
 
 

@@ -51,6 +51,7 @@ class FakeService:
         self.add_gate: asyncio.Event | None = None  # add_model waits on it when set
         self._next_id = 100
         self.flushes: list[int] = []
+        self.screened: list[tuple[str, int]] = []  # (model, frame bytes) refused by `screen`
 
     # --- Service ---------------------------------------------------------------------------
 
@@ -86,6 +87,19 @@ class FakeService:
     def flush(self) -> None:
         self.flushes.append(len(self.submitted))  # how many it had been given by then
 
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        return "the fake is overloaded" if model == "door" else None
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        self._next_id += 1
+        self.screened.append((model, nbytes))
+        self._answer(self._next_id, on_reply, Outcome.OVERLOADED, {}, reason)
+        return self._next_id
+
     def cancel(self, request_id: int) -> None:
         self.cancelled.append(request_id)
         on_reply = self.held.pop(request_id, None)
@@ -95,14 +109,18 @@ class FakeService:
     def list_models(self) -> list[ModelStatus]:
         return list(self.models.values())
 
-    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
+    async def add_model(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+    ) -> ModelStatus:
         if self.add_gate is not None:
             await self.add_gate.wait()
-        if name in self.models:
+        old = self.models.get(name)
+        if old is not None and not replace:
             raise ServiceError("model_exists", f"model {name!r} exists")
         if not onnx_bytes.startswith(b"ONNX"):
             raise ServiceError("bad_model", "not an ONNX file")
-        status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,))
+        version = old.version + 1 if old is not None else 1
+        status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,), version=version)
         self.models[name] = status
         return status
 

@@ -61,7 +61,7 @@ def test_the_server_keys_reach_the_limits() -> None:
         max_uploads_in_flight="2",
         max_upload_bytes_in_flight=str(128 * MiB),
     )
-    limits = ServerLimits.from_config(config)
+    limits = config.limits
     assert limits.hello_timeout_s == 2.5
     assert limits.max_write_buffer_bytes == 65536
     assert limits.max_queued_messages == 32
@@ -70,7 +70,7 @@ def test_the_server_keys_reach_the_limits() -> None:
 
 
 def test_the_defaults_are_the_documented_ones() -> None:
-    limits = ServerLimits.from_config(server_config())
+    limits = server_config().limits
     assert limits.hello_timeout_s == 10.0 and limits.max_queued_messages == 256
     assert limits.max_write_buffer_bytes == MiB
     assert limits.max_uploads_in_flight == 4 and limits.max_upload_bytes_in_flight == 256 * MiB
@@ -171,7 +171,7 @@ async def raw_add_model(
 async def test_the_configured_hello_timeout_closes_a_silent_connection(
     service: FakeService,
 ) -> None:
-    api = await serving(service, ServerLimits.from_config(server_config(hello_timeout_s="0.2")))
+    api = await serving(service, server_config(hello_timeout_s="0.2").limits)
     try:
         connection = await open_connection(api.address)
         error = await recv(connection, timeout_s=5.0)
@@ -186,7 +186,7 @@ async def test_the_write_buffer_bounds_what_a_slow_reader_makes_the_server_read(
 ) -> None:
     total = 40  # 1 MiB replies: 40 MiB, far above what the kernel's socket buffers take
     flags = server_config(max_write_buffer_bytes=str(buffer_bytes))
-    api = await serving(service, ServerLimits.from_config(flags))
+    api = await serving(service, flags.limits)
     connection = await raw_client(api.address)
     try:
         connection._transport.pause_reading()  # type: ignore[union-attr]  # reads nothing
@@ -208,7 +208,7 @@ async def test_the_message_queue_bound_pauses_reading(
     gated: FakeService, queued: int, paused: int
 ) -> None:
     flags = server_config(max_queued_messages=str(queued))
-    api = await serving(gated, ServerLimits.from_config(flags))
+    api = await serving(gated, flags.limits)
     connection = await raw_client(api.address)
     try:
         # The session waits on the upload; 20 pings behind it are decoded and queued.

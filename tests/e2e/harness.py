@@ -49,14 +49,20 @@ def ort_executor() -> str:
 
 
 def write_config(
-    folder: Path, executors: str, *, drain_timeout_s: float = 5.0, extra: str = ""
+    folder: Path,
+    executors: str,
+    *,
+    drain_timeout_s: float = 5.0,
+    extra: str = "",
+    sections: str = "",
 ) -> Path:
     """A config serving on free loopback ports, everything under ``folder``, debug logs;
-    ``extra``: more keys of ``[repository]``."""
+    ``extra``: more keys of ``[repository]``; ``sections``: more tables."""
     return testing.write_config(
         folder,
         executors,
         repository_toml=extra,
+        sections_toml=sections,
         drain_timeout_s=drain_timeout_s,
         log_level="debug",
     )

@@ -50,8 +50,8 @@ def _crash(daemon: DaemonProcess) -> list[int]:
 @pytest.fixture
 def folder(tmp_path: Path) -> Iterator[Path]:
     add_tiny(tmp_path / "models")
-    extra = "max_profile_execute_ms = 50.0"  # inside [repository]: profiling stays short
-    write_config(tmp_path, sim_executor(SLOWDOWN), extra=extra)
+    profiler = "[profiler]\nmax_execute_ns = 50000000"  # 50 ms: profiling stays short
+    write_config(tmp_path, sim_executor(SLOWDOWN), sections=profiler)
     # The daemons' TMPDIR, where a crash leaves the supervisor's run folder behind: short,
     # since executor socket paths must fit in sun_path (108 bytes).
     run_tmp = Path(tempfile.mkdtemp(prefix="cw-rel-"))

@@ -142,7 +142,7 @@ async def test_hung_executor_during_infer_is_killed_restarted_and_replanned(
 ) -> None:
     profiles = write_profiles(tmp_path)
     specs = [sim_spec(name, profiles) for name in (EXECUTOR, SURVIVOR)]
-    link = {"heartbeat_interval_s": 0.05, "heartbeat_timeout_s": 0.3}
+    link = {"heartbeat_interval_ms": 50.0, "heartbeat_miss_limit": 6}
     async with supervised(specs, **link) as (supervisor, driver):
         await register(driver, SLOW_INFER)
         replies = Replies()

@@ -39,10 +39,9 @@ TIGHT_SLO_MS = 230.0  # LOAD 2 ms + INFER 200 ms + margin: hopeless once the INF
 INFER_INTO_S = 0.05
 NAMES = ("remote0", "remote1")
 LINK = {
-    "heartbeat_interval_s": 0.05,
-    "heartbeat_timeout_s": 0.3,
-    "connect_timeout_s": 0.5,
-    "handshake_timeout_s": 0.5,
+    "heartbeat_interval_ms": 50.0,
+    "heartbeat_miss_limit": 6,  # down after 0.325 s of silence
+    "connect_timeout_s": 0.5,  # and again the handshake
 }
 
 

@@ -26,7 +26,7 @@ QUICK_PROFILER = ProfilerConfig(warmup_iterations=1, iterations=3, load_iteratio
 
 
 def quick_runtime(**link: float) -> RuntimeConfig:
-    """Fast profiling; link timing overridable (e.g. heartbeat_timeout_s=0.3)."""
+    """Fast profiling; link timing overridable (e.g. heartbeat_miss_limit=6)."""
     return RuntimeConfig(link=LinkConfig(**link), profiler=QUICK_PROFILER)  # type: ignore[arg-type]
 
 

@@ -31,10 +31,10 @@ from clockwork_async.wire.messages import (
 )
 
 FAST = LinkConfig(
-    heartbeat_interval_s=0.02,
-    heartbeat_timeout_s=0.15,
+    heartbeat_interval_ms=20.0,
+    heartbeat_miss_limit=7,  # down after 0.15 s of silence
     sync_samples=4,
-    reconnect=BackoffConfig(initial_s=0.01, max_s=0.05, healthy_s=1.0),
+    reconnect_backoff=BackoffConfig(initial_s=0.01, max_s=0.05, healthy_s=1.0),
 )
 
 

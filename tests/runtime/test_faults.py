@@ -97,7 +97,7 @@ async def test_sigkill_mid_run_answers_everything_once_and_restarts(
 
 
 async def test_hung_executor_is_detected_killed_and_restarted(supervisor: Supervisor) -> None:
-    driver = new_driver(heartbeat_interval_s=0.05, heartbeat_timeout_s=0.3)
+    driver = new_driver(heartbeat_interval_ms=50.0, heartbeat_miss_limit=6)
     try:
         await driver.attach_supervised(supervisor)
         await driver.register_model("tiny", "tiny-sim")

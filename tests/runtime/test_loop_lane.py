@@ -29,33 +29,52 @@ def test_booked_work_is_the_lanes_delay_and_a_refusal_books_less() -> None:
     assert lane.delay_ns(1 * MS) == 100 * US
 
 
-def test_costs_are_learned_from_the_loops_busy_time() -> None:
-    prior = LoopCost(request_ns=50 * US, byte_ns=0.5, refusal_ns=15 * US)
-    lane = LoopLane(prior=prior, min_samples=4)
-    truth = LoopCost(request_ns=200 * US, byte_ns=2.0, refusal_ns=20 * US)
-    for i in range(1, 7):
-        admitted, refused, nbytes = 10 * i, 3 * (7 - i), 100_000 * (i % 3 + 1)
+def _samples(lane: LoopLane, truth: LoopCost, other_ns: int) -> None:
+    """Eight intervals whose requests, bytes and refusals vary independently; each busy for
+    exactly what ``truth`` says, plus ``other_ns`` of other work."""
+    plan = [
+        (10, 5, 1),
+        (20, 1, 4),
+        (5, 3, 9),
+        (30, 8, 2),
+        (15, 2, 7),
+        (25, 6, 5),
+        (8, 9, 3),
+        (12, 4, 8),
+    ]
+    for admitted, kib_each, refused in plan:
         for _ in range(admitted):
-            lane.book(0, nbytes // admitted, admitted=True)
+            lane.book(0, kib_each * 1024, admitted=True)
         for _ in range(refused):
             lane.book(0, 0, admitted=False)
         busy_ns = (
-            admitted * truth.request_ns
-            + (nbytes // admitted) * admitted * truth.byte_ns
+            admitted * (truth.request_ns + kib_each * 1024 * truth.byte_ns)
             + refused * truth.refusal_ns
+            + other_ns
         )
-        lane.observe(i * 20 * MS, int(busy_ns))
-        if i < 4:
-            assert lane.cost == prior  # too few samples: the prior
+        lane.observe(int(busy_ns))
+
+
+def test_costs_are_learned_from_the_loops_busy_time() -> None:
+    prior = LoopCost(request_ns=50 * US, byte_ns=0.5, refusal_ns=15 * US)
+    lane = LoopLane(prior=prior, min_samples=4)
+    lane.observe(1 * MS)
+    assert lane.cost == prior  # too few samples with requests: the prior
+    truth = LoopCost(request_ns=200 * US, byte_ns=2.0, refusal_ns=20 * US)
+    _samples(lane, truth, other_ns=0)
     assert lane.cost.request_ns == pytest.approx(truth.request_ns, rel=1e-6)
     assert lane.cost.byte_ns == pytest.approx(truth.byte_ns, rel=1e-6)
     assert lane.cost.refusal_ns == pytest.approx(truth.refusal_ns, rel=1e-6)
 
 
-def test_a_measured_lag_pulls_the_lanes_end_up() -> None:
-    lane = LoopLane()
-    lane.observe(10 * MS, 0, lag_ns=3 * MS)
-    assert lane.delay_ns(10 * MS) == 3 * MS
+def test_the_loops_other_work_is_not_charged_to_requests() -> None:
+    prior = LoopCost(request_ns=50 * US, byte_ns=0.5, refusal_ns=15 * US)
+    lane = LoopLane(prior=prior, min_samples=4)
+    truth = LoopCost(request_ns=100 * US, byte_ns=1.0, refusal_ns=20 * US)
+    _samples(lane, truth, other_ns=5 * MS)  # uploads and heartbeats in every interval
+    assert lane.cost.request_ns == pytest.approx(truth.request_ns, rel=1e-6)
+    assert lane.cost.byte_ns == pytest.approx(truth.byte_ns, rel=1e-6)
+    assert lane.cost.refusal_ns == pytest.approx(truth.refusal_ns, rel=1e-6)
 
 
 async def test_the_door_refuses_overloaded_while_the_loop_is_too_far_behind() -> None:
@@ -86,4 +105,19 @@ async def test_the_door_refuses_overloaded_while_the_loop_is_too_far_behind() ->
     dispatcher.runtime = RuntimeConfig(max_loop_delay_ns=50 * MS)
     dispatcher.submit_by("a", _row(), deadline_ns=now[0] + 1 * MS, on_reply=print)
     assert dispatcher.book.outcomes["overloaded"] == 2
+    dispatcher.close()
+
+
+async def test_the_door_screens_a_header_by_its_deadline_and_counts_the_refusal() -> None:
+    now = [1_000 * MS]
+    dispatcher = Dispatcher(ControllerConfig(), now_ns=lambda: now[0], unix_now_ns=lambda: 0)
+    dispatcher.add_model(_model())
+    assert dispatcher.screen("a", 10 * MS, None, 1_000) is None  # an idle loop takes anything
+    dispatcher.loop_lane.book(now[0], 0, admitted=True)  # 60 us of the prior ahead
+    assert dispatcher.screen("a", 100 * US, None, 1_000) is not None  # a quarter: 25 us
+    assert dispatcher.screen("a", None, None, 1_000) is None  # the model's default: 100 ms
+    answers: list[Outcome] = []
+    dispatcher.refuse("a", "busy", 1_000, lambda o: answers.append(o.outcome))
+    assert answers == [Outcome.OVERLOADED]
+    assert dispatcher.book.outcomes == {"overloaded": 1} and dispatcher.book.request_count == 0
     dispatcher.close()

@@ -118,7 +118,7 @@ def test_a_lost_request_makes_the_exit_status_1(
         (["--rate", "1", "--load-scale", "1"], "not allowed with"),
         (["--workload", "nope"], "invalid choice"),
         (["--core", "no_such_field=1"], "KEY one of"),
-        (["--core", "window_size=0"], "window_size must be > 0"),
+        (["--core", "window_size=0"], "window_size = 0: expected > 0"),
     ],
 )
 def test_bad_flags_are_argparse_errors(

@@ -28,19 +28,21 @@ import contextlib
 import logging
 import ssl as ssl_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Admin, Requests
+from clockwork_async.api.service import Admin, ModelRoute, Requests
 from clockwork_async.api.session import ApiSession
+from clockwork_async.config_keys import ranged
 from clockwork_async.connection import (
     DEFAULT_MAX_QUEUED_MESSAGES,
     Connection,
     ConnectionClosed,
     ConnectionState,
+    TcpAddress,
     UnixAddress,
     parse_address,
     start_server,
@@ -55,33 +57,36 @@ from clockwork_async.wire.messages import (
     Role,
 )
 
-if TYPE_CHECKING:
-    from clockwork_async.config import ServerConfig
-
 log = logging.getLogger(__name__)
 
 __all__ = ["ApiServer", "ServerLimits", "ServerState"]
 
+MiB = 1 << 20
+GiB = 1 << 30
+
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
-    """Bounds of the client API (docs/protocol.md, "Client API limits")."""
+    """Bounds of the client API (docs/protocol.md, "Client API limits"): keys of the daemon's
+    ``[server]`` section as they are (`config_keys`; the ranges are what a user may set)."""
 
-    max_connections: int = 4096
-    max_outstanding_per_connection: int = 1024  # requests in flight on one connection
-    max_outstanding_total: int = 65536  # accepted requests not answered yet, all connections
-    max_frame_bytes: int = DEFAULT_LIMITS.max_tail_bytes  # a frame's tail: inputs, uploads
-    hello_timeout_s: float = 10.0
-    drain_timeout_s: float = 10.0  # close(): how long in-flight requests may take
-    flush_timeout_s: float = 2.0  # close(): how long replies may take to reach slow readers
-    max_queued_messages: int = DEFAULT_MAX_QUEUED_MESSAGES  # decoded, not yet handled
-    max_write_buffer_bytes: int = 1 << 20  # replies unsent beyond this: stop reading requests
-    max_uploads_in_flight: int = 4  # add_model calls not answered yet, all connections
-    max_upload_bytes_in_flight: int = 256 << 20  # the model bytes those calls hold
+    max_connections: int = ranged(4096, 1, 1_000_000)
+    max_outstanding_per_connection: int = ranged(1024, 1, 1_000_000)  # in flight, one connection
+    max_outstanding_total: int = ranged(65536, 1, 10_000_000)  # accepted, unanswered: all of them
+    max_frame_bytes: int = ranged(DEFAULT_LIMITS.max_tail_bytes, 64 * 1024, 2 * GiB)  # a tail
+    hello_timeout_s: float = ranged(10.0, 0.1, 3600.0)  # connect to hello, else closed
+    drain_timeout_s: float = ranged(10.0, 0.0, 3600.0)  # close(): in-flight requests' time
+    flush_timeout_s: float = ranged(2.0, 0.0, 3600.0)  # close(): replies' time to slow readers
+    max_queued_messages: int = ranged(DEFAULT_MAX_QUEUED_MESSAGES, 1, 1_000_000)  # not handled
+    max_write_buffer_bytes: int = ranged(MiB, 4096, GiB)  # replies unsent: stop reading requests
+    max_uploads_in_flight: int = ranged(4, 1, 1024)  # add_model calls unanswered, all connections
+    max_upload_bytes_in_flight: int = ranged(256 * MiB, 64 * 1024, 64 * GiB)  # their model bytes
 
     def __post_init__(self) -> None:
         counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")
         uploads = ("max_uploads_in_flight", "max_upload_bytes_in_flight")
+        # ValueError, not the config's ConfigError (core/config.py): the API imports nothing of
+        # the core but its outcomes. The loader's ranges are narrower, so these never name a key.
         for name in (*counts, *uploads, "max_write_buffer_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerLimits.{name} must be >= 1")
@@ -95,31 +100,11 @@ class ServerLimits:
         (all tensors of one message, or one uploaded model) at ``max_frame_bytes``."""
         return Limits(max_tail_bytes=self.max_frame_bytes)
 
-    @classmethod
-    def from_config(cls, server: ServerConfig) -> ServerLimits:
-        """The limits of a ``[server]`` config section."""
-        return cls(
-            max_connections=server.max_connections,
-            max_outstanding_per_connection=server.max_outstanding_per_connection,
-            max_outstanding_total=server.max_outstanding_total,
-            max_frame_bytes=server.max_frame_bytes,
-            hello_timeout_s=server.hello_timeout_s,
-            drain_timeout_s=server.drain_timeout_s,
-            max_queued_messages=server.max_queued_messages,
-            max_write_buffer_bytes=server.max_write_buffer_bytes,
-            max_uploads_in_flight=server.max_uploads_in_flight,
-            max_upload_bytes_in_flight=server.max_upload_bytes_in_flight,
-        )
-
-
-def auth_from_config(server: ServerConfig) -> TokenAuth:
-    """The token authentication of a ``[server]`` config section (off without tokens)."""
-    return TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token)
-
 
 class ServerState(Enum):
     NEW = "new"
     STARTING = "starting"  # binding the listener
+    BOUND = "bound"  # the address is ours, not listening: connections are refused until SERVING
     SERVING = "serving"
     CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
     CLOSED = "closed"  # closed, or the listener could not be bound
@@ -127,7 +112,8 @@ class ServerState(Enum):
 
 _TRANSITIONS = {
     ServerState.NEW: (ServerState.STARTING, ServerState.CLOSED),
-    ServerState.STARTING: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.STARTING: (ServerState.BOUND, ServerState.CLOSED),
+    ServerState.BOUND: (ServerState.SERVING, ServerState.CLOSED),
     ServerState.SERVING: (ServerState.CLOSING,),
     ServerState.CLOSING: (ServerState.CLOSED,),
     ServerState.CLOSED: (),
@@ -147,6 +133,8 @@ class ApiServer:
         auth: TokenAuth | None = None,
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
+        unix_now_ns: Callable[[], int] = time.time_ns,
+        routes: Mapping[str, ModelRoute] | None = None,
     ) -> None:
         self.service = service
         self.requests: Requests = requests if requests is not None else cast(Requests, service)
@@ -154,6 +142,10 @@ class ApiServer:
         self.auth = auth or TokenAuth()
         self.name = name
         self.now_ns = now_ns
+        self.unix_now_ns = unix_now_ns  # to bound a request's deadline_unix_ns
+        # Model name -> the name its current version is served under (the daemon's service
+        # keeps it); a name not in it is submitted as it is.
+        self.routes: Mapping[str, ModelRoute] = routes if routes is not None else {}
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None
@@ -206,8 +198,14 @@ class ApiServer:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
-        """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
-        picks one, see `address`). Raises ValueError for a bad address, OSError if busy; the
+        """`bind` then `serve`."""
+        await self.bind(address, ssl=ssl)
+        await self.serve()
+
+    async def bind(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
+        """Take ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0 picks
+        one, see `address`) without accepting connections yet: a daemon takes its ports before
+        it starts anything slow. Raises ValueError for a bad address, OSError if busy; the
         server is then CLOSED (`close` returns at once). Raises RuntimeError unless NEW."""
         self._enter(ServerState.STARTING)
         try:
@@ -217,9 +215,15 @@ class ApiServer:
             self._closed.set()
             raise
         else:
-            self._enter(ServerState.SERVING)
+            self._enter(ServerState.BOUND)
         finally:
             self._start_done.set()
+
+    async def serve(self) -> None:
+        """Accept connections on the bound address. Raises RuntimeError unless BOUND."""
+        self._enter(ServerState.SERVING)
+        assert self._listener is not None
+        await self._listener.start_serving()
 
     async def _listen(self, address: str, ssl: ssl_module.SSLContext | None) -> asyncio.Server:
         parsed = parse_address(address)
@@ -233,12 +237,13 @@ class ApiServer:
             write_high_water_bytes=self.limits.max_write_buffer_bytes,
             allow_half_close=True,  # a client that ends its writing still gets its replies
             ssl=ssl,
+            start_serving=False,
         )
         if isinstance(parsed, UnixAddress):
             self._address = str(parsed)
         else:
             host, port = listener.sockets[0].getsockname()[:2]
-            self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            self._address = str(TcpAddress(host, port))
         return listener
 
     async def close(self, timeout_s: float | None = None) -> None:
@@ -251,6 +256,13 @@ class ApiServer:
             await self._closed.wait()
             return
         if self._state is ServerState.NEW:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            return
+        if self._state is ServerState.BOUND:  # never served: nothing to drain
+            assert self._listener is not None
+            self._listener.close()
+            await self._listener.wait_closed()
             self._enter(ServerState.CLOSED)
             self._closed.set()
             return

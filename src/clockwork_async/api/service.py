@@ -31,6 +31,7 @@ __all__ = [
     "ApiCode",
     "Health",
     "InferOutcome",
+    "ModelRoute",
     "ModelStatus",
     "Requests",
     "Service",
@@ -49,6 +50,15 @@ class InferOutcome:
     timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
     executor_id: str | None
     batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """Where requests for a served name go: ``target``, the name the request path serves its
+    current version under (the name itself, or ``NAME@vN`` once replaced), and ``version``."""
+
+    target: str
+    version: int
 
 
 class ServiceError(Exception):
@@ -89,6 +99,21 @@ class Requests(Protocol):
         this returns."""
         ...
 
+    def screen(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+    ) -> str | None:
+        """Whether a request can be taken, from its frame's header alone (before any of its
+        ``nbytes`` of tensors are kept): None, or why it is refused ``overloaded`` (the
+        daemon's own work is too far behind for its deadline). Changes nothing."""
+        ...
+
+    def refuse(
+        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
+    ) -> int:
+        """Answer a request `screen` refused ``overloaded`` with ``reason`` (counted like any
+        other answer; ``on_reply`` is called before this returns). Returns its id."""
+        ...
+
     def cancel(self, request_id: int) -> None:
         """Cancel a request by the id ``submit`` returned; unknown ids are ignored."""
         ...
@@ -106,8 +131,11 @@ class Admin(Protocol):
         """Every registered model."""
         ...
 
-    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
-        """Store and register a model. Raises ServiceError."""
+    async def add_model(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+    ) -> ModelStatus:
+        """Store and register a model; a taken name is ``model_exists`` unless ``replace``.
+        Raises ServiceError."""
         ...
 
     async def remove_model(self, name: str) -> None:

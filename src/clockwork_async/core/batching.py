@@ -1,7 +1,9 @@
 """Which requests of one model go in the next batch: the building blocks of the policies.
 
-Invariants: a Batch holds requests of one model in queue order, padded to the smallest
-supported size that holds them; ``latest_ns`` is the last start that still ends by the
+Invariants: these functions only read the state; a Batch is a plan, not an act: ``count``
+live requests of one model from queue ``position`` on, in queue order (the scheduler takes
+them out of the queue when it dispatches the batch), padded to the smallest supported size
+that holds them; ``latest_ns`` is the last start that still ends by the
 earliest internal deadline in it (the executor refuses it after that: ``too_late``). The
 clockwork helpers never take a request whose deadline the batch would miss, and take no
 request booked in a later batch when that would push other work booked on the executor
@@ -12,18 +14,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import FAR_FUTURE_NS
+from .entities import ExecutorState, ModelState
 from .ledger import dispatch_fits
-from .models import ModelState, RequestState
-from .state import CoreState
-from .tracker import ExecutorState
+from .state import CoreState, predict
+
+FAR_FUTURE_NS = 1 << 62  # the latest start of a batch that has no deadline to keep
 
 
 @dataclass(slots=True)
 class Batch:
-    """Run ``requests`` (in queue order) as one INFER of ``batch_size`` rows."""
+    """Run the ``count`` live requests from queue ``position`` on (in queue order) as one
+    INFER of ``batch_size`` rows."""
 
-    requests: list[RequestState]
+    position: int
+    count: int
     batch_size: int
     predicted_ns: int
     latest_ns: int
@@ -42,10 +46,10 @@ def fitting_count(model: ModelState, exec_ns: dict[int, int], budget_ns: int) ->
 def batch_from(
     model: ModelState, exec_ns: dict[int, int], position: int, count: int, deadline_ns: int
 ) -> Batch:
-    """Take up to ``count`` requests from ``position`` as one padded batch."""
-    requests = model.take(count, position)
-    padded = model.padded_batch(len(requests))
-    return Batch(requests, padded, exec_ns[padded], deadline_ns - exec_ns[padded])
+    """Plan the ``count`` live requests from ``position`` on (there are that many) as one
+    padded batch."""
+    padded = model.padded_batch(count)
+    return Batch(position, count, padded, exec_ns[padded], deadline_ns - exec_ns[padded])
 
 
 def count_keeping_promises(
@@ -126,8 +130,9 @@ def _live_count_from(model: ModelState, position: int, limit: int) -> int:
     return model.queue.count_from(position, limit)
 
 
-def take_fifo_batch(core: CoreState, executor: ExecutorState, model: ModelState) -> Batch:
+def fifo_batch(core: CoreState, executor: ExecutorState, model: ModelState) -> Batch:
+    """Plan the first queued requests, up to the largest batch, with no deadline to keep."""
     count = min(model.queued, model.max_batch)
     padded = model.padded_batch(count)
-    predicted_ns = core.predict(model, executor).exec_ns[padded]
-    return Batch(model.take(count), padded, predicted_ns, FAR_FUTURE_NS)
+    predicted_ns = predict(core, model, executor).exec_ns[padded]
+    return Batch(0, count, padded, predicted_ns, FAR_FUTURE_NS)

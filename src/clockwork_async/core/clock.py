@@ -1,12 +1,13 @@
-"""Clocks for the runtime and the simulator.
+"""The clock contract, and the virtual clock of tests and the simulator.
 
-Invariant: the controller core never reads a clock. Whoever drives it (the daemon in real time,
-the simulator in virtual time) reads one of these and passes ``now_ns`` with every event.
+Invariant: the controller core never reads a clock, and nothing in core/ imports one that
+reads real time (``clockwork_async.realclock.MonotonicClock`` is one, outside the core).
+Whoever drives the core (the daemon in real time, the simulator in virtual time) reads the
+time and passes ``now_ns`` with every event.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Protocol
 
 
@@ -16,13 +17,6 @@ class Clock(Protocol):
     def now_ns(self) -> int:
         """Return the current time in nanoseconds; never smaller than a previous answer."""
         ...
-
-
-class MonotonicClock:
-    """The process's monotonic clock (``time.monotonic_ns``), for the daemon."""
-
-    def now_ns(self) -> int:
-        return time.monotonic_ns()
 
 
 class VirtualClock:

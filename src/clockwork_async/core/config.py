@@ -3,6 +3,11 @@
 Invariant: a ControllerConfig that exists is valid (``__post_init__`` checks every field and
 raises ConfigError naming it). Times are nanoseconds, fractions are in [0, 1]. The rationale of
 each default is in docs/controller.md.
+
+`ConfigError` is the project's one configuration error: the core raises it for its own section,
+the daemon's loader (`config_fields`) for every key of every section, and every other config
+dataclass's own checks raise it too. It lives here, in the lowest layer, so the core needs
+nothing from above it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,16 @@ POLICIES = ("clockwork", "fifo", "timeout")
 
 
 class ConfigError(ValueError):
-    """A controller configuration value that cannot work."""
+    """A configuration value that cannot be used: names the key, the value, where it came from
+    (a file, a variable, a flag; "" when built in code) and what was expected."""
+
+    def __init__(self, key: str, value: object, expected: str, source: str = "") -> None:
+        where = f" (from {source})" if source else ""
+        super().__init__(f"config {key} = {value!r}{where}: expected {expected}")
+        self.key = key
+        self.value = value
+        self.expected = expected
+        self.source = source
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,25 +71,27 @@ class ControllerConfig:
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
-            raise ConfigError(f"policy must be one of {POLICIES}, not {self.policy!r}")
+            raise ConfigError("policy", self.policy, f"one of {', '.join(POLICIES)}")
         _positive(self, "window_size", "schedule_ahead_ns", "max_loads_in_flight")
         _positive(self, "prediction_stale_ns")
         if not self.outlier_factor > 1.0:
-            raise ConfigError(f"outlier_factor must be > 1, not {self.outlier_factor}")
+            raise ConfigError("outlier_factor", self.outlier_factor, "> 1")
         _positive(self, "load_window_ns", "utilisation_window_ns")
         _positive(self, "max_queued_total", "max_queued_per_model")
         _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")
         _non_negative(self, "warm_gap_ns", "warm_up_infers")
         if self.warm_up_infers and not self.warm_gap_ns:
-            raise ConfigError("warm_up_infers needs warm_gap_ns > 0 (it says when a lane is cold)")
+            expected = "0 unless warm_gap_ns > 0 (it says when a lane is cold)"
+            raise ConfigError("warm_up_infers", self.warm_up_infers, expected)
         if not 0.0 < self.percentile <= 100.0:
-            raise ConfigError(f"percentile must be in (0, 100], not {self.percentile}")
+            raise ConfigError("percentile", self.percentile, "in (0, 100]")
         if not 0.0 <= self.margin_fraction < 1.0:
-            raise ConfigError(f"margin_fraction must be in [0, 1), not {self.margin_fraction}")
+            raise ConfigError("margin_fraction", self.margin_fraction, "in [0, 1)")
         if self.margin_max_ns < self.margin_min_ns:
-            raise ConfigError("margin_max_ns must be >= margin_min_ns")
+            expected = f">= margin_min_ns ({self.margin_min_ns})"
+            raise ConfigError("margin_max_ns", self.margin_max_ns, expected)
         if not 0.0 < self.copy_max_utilisation <= 1.0:
-            raise ConfigError("copy_max_utilisation must be in (0, 1]")
+            raise ConfigError("copy_max_utilisation", self.copy_max_utilisation, "in (0, 1]")
 
     def margin_ns(self, slo_ns: int) -> int:
         """Return the safety margin for a request with this SLO (deadline minus arrival)."""
@@ -86,10 +102,10 @@ class ControllerConfig:
 def _positive(config: ControllerConfig, *names: str) -> None:
     for name in names:
         if getattr(config, name) <= 0:
-            raise ConfigError(f"{name} must be > 0, not {getattr(config, name)}")
+            raise ConfigError(name, getattr(config, name), "> 0")
 
 
 def _non_negative(config: ControllerConfig, *names: str) -> None:
     for name in names:
         if getattr(config, name) < 0:
-            raise ConfigError(f"{name} must be >= 0, not {getattr(config, name)}")
+            raise ConfigError(name, getattr(config, name), ">= 0")

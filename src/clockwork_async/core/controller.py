@@ -9,6 +9,20 @@ InvalidEvent before any state changes.
 ``handle`` is ``accept`` then ``schedule``. Requests decoded from one socket read come as one
 `Arrivals` event: each is admitted, then they are scheduled once, so that arrivals seen
 together can share a batch. The runtime enters the core through ``handle`` alone.
+
+The core in layers; a module imports only from its own layer or lower ones (tests/test_layers.py
+forbids any import cycle; docs/controller.md, "Layers"):
+
+1. vocabulary: errors, outcomes, events, config, percentile, profiles, capacity, clock, models
+   (spec checks);
+2. entities: queues, lanes, entities (requests, models, executors, actions, booked batches);
+3. state: the data (CoreState), with lookups that only read it;
+4. agenda (what to look at next), feasibility, eviction, ledger;
+5. request operations: requests (answer, reject, enqueue, requeue, rebook), warm_up;
+6. plans: batching, policies (they read the state and return values: a Rejection or a Quote,
+   a Batch, Defer, Drop or Handoff);
+7. acts: admission, scheduler (carries out the plans), results, membership, placement;
+8. stats, and this controller, which holds the policy and hands it down.
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ from .membership import (
     on_model_unregistered,
 )
 from .placement import place
-from .policies import make_policy
+from .policies import Policy, make_policy
 from .results import on_action_finished
 from .scheduler import emit_wake, run_due
 from .state import CoreState
@@ -56,15 +70,16 @@ class Controller:
 
     def __init__(self, config: ControllerConfig | None = None) -> None:
         self.config = config if config is not None else ControllerConfig()
-        self._core = CoreState(self.config, make_policy(self.config.policy))
-        core = self._core
+        self._core = CoreState(self.config)
+        self._policy: Policy = make_policy(self.config.policy)
+        core, policy = self._core, self._policy
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
-            RequestArrived: lambda e: on_request_arrived(core, e),
+            RequestArrived: lambda e: on_request_arrived(core, policy, e),
             Arrivals: self._on_arrivals,
             RequestCancelled: lambda e: on_request_cancelled(core, e),
-            ActionFinished: lambda e: on_action_finished(core, e),
-            ExecutorJoined: lambda e: on_executor_joined(core, e),
-            ExecutorLeft: lambda e: on_executor_left(core, e),
+            ActionFinished: lambda e: on_action_finished(core, policy, e),
+            ExecutorJoined: lambda e: on_executor_joined(core, policy, e),
+            ExecutorLeft: lambda e: on_executor_left(core, policy, e),
             ExecutorLead: lambda e: on_executor_lead(core, e),
             ReturnHop: self._on_return_hop,
             ModelRegistered: lambda e: on_model_registered(core, e),
@@ -102,7 +117,7 @@ class Controller:
         if now_ns < core.now_ns:
             raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
         core.now_ns = now_ns
-        run_due(core)
+        run_due(core, self._policy)
         if core.placement_dirty:
             place(core)
         emit_wake(core)
@@ -120,7 +135,7 @@ class Controller:
         if reused or len(set(ids)) != len(ids):
             raise InvalidEvent(f"request ids reused in {event!r}")
         for arrival in event.requests:
-            on_request_arrived(self._core, arrival)
+            on_request_arrived(self._core, self._policy, arrival)
 
     def _on_return_hop(self, event: ReturnHop) -> None:
         if event.hop_ns < 0:

@@ -8,14 +8,9 @@ it is sent (the executor runs it at once, before any later LOAD).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from .entities import ExecutorState, ModelState
 from .events import StartUnload
-
-if TYPE_CHECKING:
-    from .models import ModelState
-    from .state import CoreState
-    from .tracker import ExecutorState
+from .state import CoreState, new_action_id
 
 
 def choose_victims(
@@ -74,7 +69,7 @@ def send_unload(core: CoreState, executor: ExecutorState, name: str, eviction: b
     if model is not None:
         model.loaded_on.pop(executor.executor_id, None)
         forget_if_gone(core, name)
-    action_id = core.new_action_id()
+    action_id = new_action_id(core)
     core.unloads[action_id] = (executor.executor_id, name)
     core.counters["unloads"] += 1
     core.counters["evictions"] += eviction

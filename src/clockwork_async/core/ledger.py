@@ -7,6 +7,9 @@ committed work of its execute lane and every batch booked there (whatever its mo
 when that is too late, ahead of the booked batches with later deadlines, if they all still
 end by theirs.
 
+One idea: the admission ledger (quote, book, unbook, reserve), one module because every
+function keeps the same chain of booked batches that the argument below rests on.
+
 Invariants:
 - every QUEUED request the clockwork policy accepted is booked in exactly one BookedBatch of
   one executor (``request.planned_on``, ``request.booked_batch``); a batch's ``live`` counts
@@ -38,15 +41,11 @@ would push other booked work past its deadline (batching.count_keeping_promises)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from .entities import BookedBatch, ExecutorState, ModelState, RequestState
 from .eviction import choose_victims, send_unload
-from .tracker import BookedBatch, ExecutorState
-
-if TYPE_CHECKING:
-    from .models import ModelState, RequestState
-    from .profiles import KindPredictions
-    from .state import CoreState
+from .profiles import KindPredictions
+from .state import CoreState, predict
 
 DEMAND_MODELS = 4096  # most models remembered as wanted after rejections (oldest forgotten)
 TARGET_CACHE = 64  # target batch times cached per (model, kind), by SLO budget
@@ -110,7 +109,7 @@ def quote_cold(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
     for executor in core.executors.values():
         if executor.pages_total < need_pages:
             continue
-        load_ns = core.predict(model, executor).load_ns
+        load_ns = predict(core, model, executor).load_ns
         load_start_ns = executor.load_lane.start_for(now_ns) + executor.reserved_load_ns
         ready_ns = load_start_ns + load_ns
         quote = _quote_on(core, model, executor, ready_ns, internal_deadline_ns)
@@ -180,7 +179,7 @@ def _quote_on(
     later deadlines (``_quote_ahead``).
     """
     base_ns = max(booked_end_ns(executor, core.now_ns), ready_ns)
-    predictions = core.predict(model, executor)
+    predictions = predict(core, model, executor)
     exec_ns = predictions.exec_ns
     batch = executor.open_batches.get(model.name)
     last_key_ns = model.queue.last_key_ns()
@@ -388,7 +387,7 @@ def _released_by(
         left = batch.live - count
         released_ns = batch.cost_ns
         if left > 0 and model is not None:
-            exec_ns = core.predict(model, executor).exec_ns
+            exec_ns = predict(core, model, executor).exec_ns
             released_ns -= exec_ns[model.padded_batch(min(left, model.max_batch))]
         released[index] = (batch, left, released_ns)
     return released

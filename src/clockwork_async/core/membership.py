@@ -10,6 +10,8 @@ is unloaded as soon as no INFER of it is outstanding.
 
 from __future__ import annotations
 
+from .agenda import mark_cold, push_head
+from .entities import ActionKind, ExecutorState, ModelState
 from .errors import InvalidEvent
 from .events import (
     ExecutorJoined,
@@ -19,21 +21,23 @@ from .events import (
     ModelUnregistered,
 )
 from .eviction import forget_if_gone, send_unload
+from .lanes import Lane
 from .ledger import release, unbook
-from .models import ModelState, validate_spec
+from .models import validate_spec
 from .outcomes import Outcome
+from .policies import Policy
 from .queues import RequestStatus
+from .requests import answer, rebook
 from .results import replan_or_end
 from .state import CoreState
-from .tracker import ActionKind, ExecutorState, Lane
 
 
-def on_executor_joined(core: CoreState, event: ExecutorJoined) -> None:
+def on_executor_joined(core: CoreState, policy: Policy, event: ExecutorJoined) -> None:
     """Start tracking an executor (a re-join first settles the old one as left)."""
     if event.pages_total < 0 or event.page_bytes < 0:
         raise InvalidEvent(f"executor {event.executor_id!r}: negative pages or page size")
     if event.executor_id in core.executors:
-        on_executor_left(core, ExecutorLeft(event.executor_id, "joined again"))
+        on_executor_left(core, policy, ExecutorLeft(event.executor_id, "joined again"))
     executor = ExecutorState(
         event.executor_id, event.kind, event.pages_total, event.page_bytes, core.now_ns
     )
@@ -58,7 +62,7 @@ def _adopt_resident(core: CoreState, executor: ExecutorState, name: str) -> None
     executor.loaded[name] = pages
     executor.pages_used += pages
     model.loaded_on[executor.executor_id] = None
-    core.push_head(executor, model)
+    push_head(core, executor, model)
 
 
 def on_executor_lead(core: CoreState, event: ExecutorLead) -> None:
@@ -71,7 +75,7 @@ def on_executor_lead(core: CoreState, event: ExecutorLead) -> None:
         executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
 
 
-def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:
+def on_executor_left(core: CoreState, policy: Policy, event: ExecutorLeft) -> None:
     """Settle everything outstanding on a departed executor."""
     executor = core.executors.pop(event.executor_id, None)
     if executor is None:
@@ -87,7 +91,7 @@ def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:
     for model in list(executor.reserved.values()):
         release(model)
         touched.append(model)
-    _rebook_queued(core, executor, touched)
+    _rebook_queued(core, policy, executor, touched)
     for action_id in [a for a, (e, _) in core.unloads.items() if e == executor.executor_id]:
         del core.unloads[action_id]
     why = f"executor {executor.executor_id!r} left ({event.reason})"
@@ -97,20 +101,22 @@ def on_executor_left(core: CoreState, event: ExecutorLeft) -> None:
             continue
         for request in action.requests:
             if request.status is RequestStatus.RUNNING:
-                replan_or_end(core, request, Outcome.FAILED, why)
+                replan_or_end(core, policy, request, Outcome.FAILED, why)
     for model in touched:
-        core.mark_cold(model)
+        mark_cold(core, model)
         forget_if_gone(core, model.name)
 
 
-def _rebook_queued(core: CoreState, executor: ExecutorState, models: list[ModelState]) -> None:
+def _rebook_queued(
+    core: CoreState, policy: Policy, executor: ExecutorState, models: list[ModelState]
+) -> None:
     """Book again, elsewhere, the queued requests of ``models`` booked on a departed
     executor (only models it held or had reserved can have them)."""
     for model in models:
         for request in model.queue.first_live(model.queued):
             if request.planned_on is executor:
                 unbook(request)
-                core.policy.rebook(core, request)
+                rebook(core, policy, request)
 
 
 def _forget_copies(core: CoreState, executor: ExecutorState) -> list[ModelState]:
@@ -138,8 +144,8 @@ def on_model_registered(core: CoreState, event: ModelRegistered) -> None:
     model.retired = False
     core.models[spec.name] = model
     for executor_id in model.loaded_on:
-        core.push_head(core.executors[executor_id], model)
-    core.mark_cold(model)
+        push_head(core, core.executors[executor_id], model)
+    mark_cold(core, model)
 
 
 def on_model_unregistered(core: CoreState, event: ModelUnregistered) -> None:
@@ -152,7 +158,7 @@ def on_model_unregistered(core: CoreState, event: ModelUnregistered) -> None:
     core.wants_copy.pop(model.name, None)
     message = f"model {model.name!r} was unregistered"
     for request in model.drain():
-        core.answer(request, Outcome.UNKNOWN_MODEL, message)
+        answer(core, request, Outcome.UNKNOWN_MODEL, message)
     core.retiring[model.name] = model  # until its last copy is unloaded
     for executor_id in list(model.loaded_on):
         executor = core.executors[executor_id]

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import heapq
 
+from .agenda import mark_cold
+from .entities import Action, ActionKind, ExecutorState, ModelState
 from .events import StartLoad
 from .eviction import choose_victims, send_unload
 from .ledger import release
-from .models import ModelState
-from .state import CoreState
-from .tracker import Action, ActionKind, ExecutorState
+from .state import CoreState, new_action_id, predict
 
 COPY_RETRY_NS = 10_000_000  # after no executor could take an extra copy, wait this long
 
@@ -52,7 +52,7 @@ def _place_reserved(core: CoreState) -> None:
                 continue
             victims = choose_victims(core, executor, model.spec.weights_pages, demanded_too=True)
             if victims is None:  # cannot happen while the pages were held; be safe
-                core.mark_cold(model)
+                mark_cold(core, model)
                 continue
             start_load(core, executor, model, victims)
         if not reserved:
@@ -141,7 +141,7 @@ def _choose_for_cold(
     for executor in core.executors.values():
         if not _can_load(core, executor, model, max_loads):
             continue
-        predictions = core.predict(model, executor)
+        predictions = predict(core, model, executor)
         ready_ns = executor.load_lane.start_for(now_ns) + predictions.load_ns
         end_ns = max(ready_ns, executor.exec_lane.start_for(now_ns)) + predictions.exec_ns[b1]
         busy = executor.utilisation(now_ns, window_ns)
@@ -187,10 +187,10 @@ def start_load(
     release(model)
     if not model.has_copy():
         core.counters["cold_starts"] += 1
-    predictions = core.predict(model, executor)
+    predictions = predict(core, model, executor)
     earliest_ns = executor.load_lane.start_for(core.now_ns)
     action = Action(
-        core.new_action_id(),
+        new_action_id(core),
         ActionKind.LOAD,
         executor.executor_id,
         model,

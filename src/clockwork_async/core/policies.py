@@ -2,7 +2,9 @@
 
 Invariants: a policy decides admission, the order of each model's queue, when a queued request
 is given up (``dropped``), and which batch an executor with a free execute lane takes next;
-the mechanics (lanes, actions, answers, placement) are shared. Only ``clockwork`` looks at
+the mechanics (lanes, actions, answers, placement) are shared. A policy only reads the state:
+it answers with a value (a Rejection or a Quote, a Plan: Batch, Defer, NoBatch, Drop or
+Handoff) that admission.py and scheduler.py carry out. Only ``clockwork`` looks at
 deadlines when scheduling: ``fifo`` never drops and never rejects (but unknown models and
 shutdown), ``timeout`` drops only requests that waited too long in the queue.
 """
@@ -13,28 +15,21 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from .admission import cap_rejection, copies_can_meet, still_servable
 from .batching import (
     Batch,
     batch_from,
     count_keeping_promises,
+    fifo_batch,
     fitting_count,
     fuller_batch,
     head_first_loses,
-    take_fifo_batch,
 )
-from .ledger import (
-    Quote,
-    best_quote,
-    book,
-    dispatch_fits,
-    note_demand,
-    waits_for_load_before,
-)
-from .models import ModelState, RequestState
+from .entities import ExecutorState, ModelState, RequestState
+from .feasibility import copies_can_meet, still_servable
+from .ledger import Quote, best_quote, dispatch_fits, waits_for_load_before
 from .outcomes import Outcome
-from .state import CoreState
-from .tracker import ExecutorState
+from .requests import QueuePolicy
+from .state import CoreState, best_exec_b1_ns, best_load_ns, predict
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,36 +44,44 @@ class NoBatch(Enum):
     SKIP = "skip"  # another copy should serve the head
 
 
-Plan = Batch | Defer | NoBatch
-Rejection = tuple[Outcome, str]
+@dataclass(slots=True)  # not frozen: a frozen dataclass costs ~1 us to build; none is mutated
+class Drop:
+    """Answer ``requests`` (queue heads, in order) ``dropped`` with ``message``, noting that
+    their model's copies cannot keep up; then ask the policy again."""
+
+    requests: tuple[RequestState, ...]
+    message: str
 
 
-class Policy(Protocol):
+@dataclass(slots=True)
+class Handoff:
+    """Another copy, on ``executor``, should serve the head: fill it if its execute lane
+    wants work; nothing here now (as NoBatch.SKIP)."""
+
+    executor: ExecutorState
+
+
+# Reject the arriving request: (outcome, message, wants_copy), ``wants_copy``: its model wants
+# one more copy (or, with none, a LOAD) for the requests to come. A plain tuple: a rejection is
+# built for most arrivals under overload, and a tuple costs a tenth of a dataclass.
+Rejection = tuple[Outcome, str, bool]
+
+Plan = Batch | Defer | NoBatch | Drop | Handoff
+
+
+class Policy(QueuePolicy, Protocol):
     name: str
     sheds: bool  # drops queued requests the moment they become hopeless
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
     ) -> Rejection | Quote | None:
-        """Return a rejection (outcome, sentence), or accept: a Quote to book the request
-        with (ledger.py), or None (the policy keeps no ledger)."""
-        ...
-
-    def rebook(self, core: CoreState, request: RequestState) -> None:
-        """Book a request that goes back to its queue (its action failed), if the policy
-        keeps a ledger."""
+        """Return a Rejection (a tuple), or accept: a Quote to book the request with
+        (ledger.py), or None (the policy keeps no ledger)."""
         ...
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
         """Return (internal deadline, queue key) for a request arriving now."""
-        ...
-
-    def drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
-        """Return when a still-queued request is given up, or None for never."""
-        ...
-
-    def cold_drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
-        """Return when a still-queued request of a model with no copy is given up, or None."""
         ...
 
     def drop_message(self, cold: bool) -> str: ...
@@ -91,9 +94,10 @@ class Policy(Protocol):
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
-    ) -> bool:
-        """Drop queued requests of ``model`` that no copy can start in time, given that
-        ``executor`` is busy until ``start_ns``; return True when any was dropped."""
+    ) -> Drop | Handoff | None:
+        """Return the queued requests of ``model`` that no copy can start in time, given that
+        ``executor`` is busy until ``start_ns`` (ask again after dropping them), or where the
+        head should go instead, or None."""
         ...
 
     def can_replan(self, core: CoreState, request: RequestState) -> bool:
@@ -115,25 +119,20 @@ class ClockworkPolicy:
         if capped is not None:
             return capped
         if not core.executors:
-            return Outcome.INFEASIBLE, "no executor is connected"
+            return Outcome.INFEASIBLE, "no executor is connected", False
         internal_ns, _ = self.plan_keys(core, model, deadline_ns)
         quote = best_quote(core, model, internal_ns)
         if quote is not None and quote.finish_ns <= internal_ns:
             return quote
-        if model.has_copy():
-            core.note_pressure(model)
-        elif model.reserved_on is None:
-            note_demand(core, model)
         slo_ms = (deadline_ns - core.now_ns) / 1e6
-        return Outcome.INFEASIBLE, (
-            f"no executor can finish {model.name!r} within its {slo_ms:.2f} ms SLO "
+        message = (
+            f"no executor can finish {model.name!r} within its SLO ({max(slo_ms, 0):.2f} ms left) "
             "after the work already queued (including a cold start)"
         )
+        return Outcome.INFEASIBLE, message, True
 
-    def rebook(self, core: CoreState, request: RequestState) -> None:
-        quote = best_quote(core, request.model, request.internal_deadline_ns)
-        if quote is not None:
-            book(core, request, quote)
+    def requote(self, core: CoreState, request: RequestState) -> Quote | None:
+        return best_quote(core, request.model, request.internal_deadline_ns)
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
         internal_ns = deadline_ns - core.config.margin_ns(deadline_ns - core.now_ns)
@@ -141,14 +140,14 @@ class ClockworkPolicy:
 
     def drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         # One ns past the last start that can still end by the internal deadline.
-        return request.internal_deadline_ns - core.best_exec_b1_ns(request.model) + 1
+        return request.internal_deadline_ns - best_exec_b1_ns(core, request.model) + 1
 
     def cold_drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         model = request.model
         return (
             request.internal_deadline_ns
-            - core.best_exec_b1_ns(model)
-            - core.best_load_ns(model)
+            - best_exec_b1_ns(core, model)
+            - best_load_ns(core, model)
             + 1
         )
 
@@ -160,9 +159,9 @@ class ClockworkPolicy:
     def plan(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
     ) -> Plan:
-        exec_ns = core.predict(model, executor).exec_ns
-        head = self._first_servable(core, executor, model, start_ns, exec_ns)
-        if isinstance(head, NoBatch):
+        exec_ns = predict(core, model, executor).exec_ns
+        head = self._triage(core, executor, model, start_ns, exec_ns)
+        if not isinstance(head, RequestState):
             return head
         head_count = fitting_count(model, exec_ns, head.internal_deadline_ns - start_ns)
         head_count = min(head_count, model.queued)
@@ -183,36 +182,40 @@ class ClockworkPolicy:
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
-    ) -> bool:
-        queued = model.queued
-        exec_ns = core.predict(model, executor).exec_ns
-        self._first_servable(core, executor, model, start_ns, exec_ns)
-        return model.queued < queued
+    ) -> Drop | Handoff | None:
+        exec_ns = predict(core, model, executor).exec_ns
+        head = self._triage(core, executor, model, start_ns, exec_ns)
+        return head if isinstance(head, (Drop, Handoff)) else None
 
-    def _first_servable(
+    def _triage(
         self,
         core: CoreState,
         executor: ExecutorState,
         model: ModelState,
         start_ns: int,
         exec_ns: dict[int, int],
-    ) -> RequestState | NoBatch:
-        """Drop queue heads no copy can start in time; return the first servable head here,
-        or SKIP when another copy should serve it, or EMPTY."""
+    ) -> RequestState | Drop | Handoff | NoBatch:
+        """Return the head when it is servable here; else the heads before the first that
+        some copy can start in time, to drop (Drop); else the copy that should serve the
+        head (Handoff); or EMPTY."""
         b1_ns = exec_ns[model.spec.batch_sizes[0]]
-        while True:
-            head = model.peek()
-            if head is None:
-                return NoBatch.EMPTY
-            deadline_ns = head.internal_deadline_ns
+        head = model.peek()
+        if head is None:
+            return NoBatch.EMPTY
+        if start_ns + b1_ns <= head.internal_deadline_ns:
+            return head  # the common case: nothing to drop
+        hopeless: list[RequestState] = []
+        for request in model.queue.live():
+            deadline_ns = request.internal_deadline_ns
             if start_ns + b1_ns <= deadline_ns:
-                return head
+                break
             other = copies_can_meet(core, model, deadline_ns, exclude=executor)
             if other is not None:
-                _nudge(core, other)
-                return NoBatch.SKIP
-            core.note_pressure(model)
-            core.answer(head, Outcome.DROPPED, self.drop_message(cold=False))
+                if not hopeless:
+                    return Handoff(other)
+                break
+            hopeless.append(request)
+        return Drop(tuple(hopeless), self.drop_message(cold=False))
 
     def can_replan(self, core: CoreState, request: RequestState) -> bool:
         if still_servable(core, request):
@@ -237,7 +240,7 @@ class FifoPolicy:
     ) -> Rejection | Quote | None:
         return None
 
-    def rebook(self, core: CoreState, request: RequestState) -> None:
+    def requote(self, core: CoreState, request: RequestState) -> Quote | None:
         return None
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
@@ -257,12 +260,12 @@ class FifoPolicy:
     ) -> Plan:
         if model.peek() is None:
             return NoBatch.EMPTY
-        return take_fifo_batch(core, executor, model)
+        return fifo_batch(core, executor, model)
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
-    ) -> bool:
-        return False
+    ) -> Drop | Handoff | None:
+        return None
 
     def can_replan(self, core: CoreState, request: RequestState) -> bool:
         return not request.model.retired
@@ -296,7 +299,18 @@ class TimeoutPolicy(FifoPolicy):
         ready_ns = head.arrival_ns + core.config.max_queue_delay_ns
         if model.queued < model.max_batch and core.now_ns < ready_ns:
             return Defer(ready_ns)
-        return take_fifo_batch(core, executor, model)
+        return fifo_batch(core, executor, model)
+
+
+def cap_rejection(core: CoreState, model: ModelState) -> Rejection | None:
+    """Return an ``overloaded`` rejection when a queue cap is reached, else None."""
+    config = core.config
+    if core.queued_total >= config.max_queued_total:
+        return Outcome.OVERLOADED, f"{core.queued_total} requests are queued (the cap)", False
+    if model.queued >= config.max_queued_per_model:
+        message = f"{model.queued} requests for {model.name!r} are queued"
+        return Outcome.OVERLOADED, message, False
+    return None
 
 
 def _wait_for_load(
@@ -320,13 +334,6 @@ def _wait_for_load(
     if dispatch_fits(core, executor, model.queue.first_live(count), start_ns, cost_ns):
         return None
     return Defer(load_end_ns) if load_end_ns > core.now_ns else NoBatch.SKIP
-
-
-def _nudge(core: CoreState, executor: ExecutorState) -> None:
-    """Ask for a fill of ``executor`` if its execute lane wants work now."""
-    horizon_ns = core.now_ns + core.config.schedule_ahead_ns
-    if executor.exec_lane.free_at(core.now_ns) <= horizon_ns:
-        core.to_fill[executor.executor_id] = executor
 
 
 POLICIES: dict[str, type[ClockworkPolicy] | type[FifoPolicy]] = {

@@ -175,7 +175,7 @@ class Predictions:
     def note_execute_error(
         self, spec: ModelSpec, kind: str, batch_size: int, error_ns: int
     ) -> None:
-        """Count an execute prediction error learned elsewhere (a cold start's, tracker.py)."""
+        """Count an execute prediction error learned elsewhere (a cold start's, lanes.py)."""
         self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
 
     def record_load(self, spec: ModelSpec, kind: str, measured_ns: int, now_ns: int = 0) -> int:

@@ -11,11 +11,9 @@ O(log n + batch), whatever the queue's length.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .models import ModelState, RequestState
+from typing import Generic, Protocol, TypeVar
 
 COMPACT_AFTER = 64  # dead entries at the front before they are removed
 
@@ -26,12 +24,29 @@ class RequestStatus(Enum):
     DONE = "done"
 
 
-class RequestQueue:
-    """Requests of one model, earliest key first."""
+class Queued(Protocol):
+    """What a queue reads of a request (entities.RequestState): its key, its status, and the
+    model it is queued for now (a request re-queued elsewhere is not live here)."""
+
+    @property
+    def key_ns(self) -> int: ...
+
+    @property
+    def status(self) -> RequestStatus: ...
+
+    @property
+    def model(self) -> object: ...
+
+
+RequestState = TypeVar("RequestState", bound=Queued)
+
+
+class RequestQueue(Generic[RequestState]):
+    """Requests of one model (``owner``), earliest key first."""
 
     __slots__ = ("_head", "_keys", "_owner", "_requests")
 
-    def __init__(self, owner: ModelState) -> None:
+    def __init__(self, owner: object) -> None:
         self._owner = owner
         self._keys: list[int] = []
         self._requests: list[RequestState] = []
@@ -91,6 +106,13 @@ class RequestQueue:
             if self._live(requests[position]):
                 found.append(requests[position])
         return found
+
+    def live(self) -> Iterator[RequestState]:
+        """Yield the live requests in key order (the queue must not change meanwhile)."""
+        requests = self._requests
+        for position in range(self._head, len(requests)):
+            if self._live(requests[position]):
+                yield requests[position]
 
     def nth_live(self, index: int) -> RequestState | None:
         """Return the live request at ``index`` (0: the head) in key order, or None."""

@@ -10,19 +10,21 @@ executor refused in time, ``failed`` on any other error.
 
 from __future__ import annotations
 
+from .agenda import mark_cold, push_head
+from .entities import Action, ActionKind, ExecutorState, RequestState
 from .events import ActionFinished
 from .eviction import forget_if_gone, send_unload
-from .models import RequestState
 from .outcomes import Outcome
+from .policies import Policy
 from .queues import RequestStatus
+from .requests import answer, requeue
 from .state import CoreState
-from .tracker import Action, ActionKind, ExecutorState
 
 REPLANNABLE = frozenset({"too_late", "not_loaded"})
 ALREADY_LOADED = "already_loaded"
 
 
-def on_action_finished(core: CoreState, event: ActionFinished) -> None:
+def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -> None:
     """Settle the action ``event`` reports on."""
     action = core.actions.get(event.action_id)
     if action is None or action.executor_id != event.executor_id:
@@ -32,7 +34,7 @@ def on_action_finished(core: CoreState, event: ActionFinished) -> None:
     executor = core.executors[action.executor_id]
     del executor.actions[event.action_id]
     if action.kind is ActionKind.INFER:
-        _infer_finished(core, executor, action, event)
+        _infer_finished(core, policy, executor, action, event)
     else:
         _load_finished(core, executor, action, event)
 
@@ -48,7 +50,11 @@ def _on_unload_finished(core: CoreState, event: ActionFinished) -> None:
 
 
 def _infer_finished(
-    core: CoreState, executor: ExecutorState, action: Action, event: ActionFinished
+    core: CoreState,
+    policy: Policy,
+    executor: ExecutorState,
+    action: Action,
+    event: ActionFinished,
 ) -> None:
     model = action.model
     lane = executor.exec_lane
@@ -60,7 +66,7 @@ def _infer_finished(
             _learn_execute(core, executor, action, event.duration_ns, cold)
         _answer_batch(core, action, event)
     else:
-        _infer_failed(core, executor, action, event.code)
+        _infer_failed(core, policy, executor, action, event.code)
     if model.retired and model.name in executor.loaded and not executor.is_busy_with(model.name):
         send_unload(core, executor, model.name, eviction=False)
     core.to_fill[executor.executor_id] = executor
@@ -72,7 +78,7 @@ def _learn_execute(
     core: CoreState, executor: ExecutorState, action: Action, measured_ns: int, cold: bool
 ) -> None:
     """A back-to-back execution corrects the model's prediction; a cold start (after an idle
-    gap, tracker.py) corrects the executor's cold extra instead; a warm-up behind another
+    gap, lanes.py) corrects the executor's cold extra instead; a warm-up behind another
     (warm_up.py) corrects nothing."""
     spec, kind, batch_size = action.model.spec, executor.kind, action.batch_size
     if not cold:
@@ -100,14 +106,16 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
             "end_ns": event.end_ns,
         }
         if on_time:
-            core.answer(request, Outcome.OK, "", action, details)
+            answer(core, request, Outcome.OK, "", action, details)
         else:
             late_ms = (now_ns - request.reply_by_ns) / 1e6
             message = f"the result reached the controller {late_ms:.3f} ms after the deadline"
-            core.answer(request, Outcome.LATE, message, action, details)
+            answer(core, request, Outcome.LATE, message, action, details)
 
 
-def _infer_failed(core: CoreState, executor: ExecutorState, action: Action, code: str) -> None:
+def _infer_failed(
+    core: CoreState, policy: Policy, executor: ExecutorState, action: Action, code: str
+) -> None:
     core.counters["infer_errors"] += 1
     if code == "too_late":
         core.counters["too_late"] += 1
@@ -118,20 +126,23 @@ def _infer_failed(core: CoreState, executor: ExecutorState, action: Action, code
         if request.status is not RequestStatus.RUNNING:
             continue
         if code in REPLANNABLE:
-            replan_or_end(core, request, Outcome.DROPPED, f"{who} refused its batch ({code})")
+            why = f"{who} refused its batch ({code})"
+            replan_or_end(core, policy, request, Outcome.DROPPED, why)
         else:
-            core.answer(request, Outcome.FAILED, f"{who} failed its batch ({code})")
+            answer(core, request, Outcome.FAILED, f"{who} failed its batch ({code})")
 
 
-def replan_or_end(core: CoreState, request: RequestState, outcome: Outcome, why: str) -> None:
+def replan_or_end(
+    core: CoreState, policy: Policy, request: RequestState, outcome: Outcome, why: str
+) -> None:
     """Queue a RUNNING request again if the policy says it can still be served, else end it."""
-    if core.policy.can_replan(core, request):
-        core.requeue(request)
+    if policy.can_replan(core, request):
+        requeue(core, policy, request)
         return
     if request.model.retired:
-        core.answer(request, Outcome.FAILED, f"{why}; its model was unregistered")
+        answer(core, request, Outcome.FAILED, f"{why}; its model was unregistered")
         return
-    core.answer(request, outcome, f"{why}; no executor can serve it in time")
+    answer(core, request, outcome, f"{why}; no executor can serve it in time")
 
 
 def forget_copy(core: CoreState, executor: ExecutorState, name: str) -> None:
@@ -143,7 +154,7 @@ def forget_copy(core: CoreState, executor: ExecutorState, name: str) -> None:
     model = core.models.get(name) or core.retiring.get(name)
     if model is not None:
         model.loaded_on.pop(executor.executor_id, None)
-        core.mark_cold(model)
+        mark_cold(core, model)
         forget_if_gone(core, name)
 
 
@@ -160,7 +171,7 @@ def _load_finished(
     if event.code and event.code != ALREADY_LOADED:
         executor.pages_used -= action.pages
         core.counters["load_failures"] += 1
-        core.mark_cold(model)
+        mark_cold(core, model)
         forget_if_gone(core, model.name)
         return
     if not event.code and event.duration_ns > 0:
@@ -170,4 +181,4 @@ def _load_finished(
     if model.retired:
         send_unload(core, executor, model.name, eviction=False)
         return
-    core.push_head(executor, model)
+    push_head(core, executor, model)

@@ -1,5 +1,6 @@
 """Filling execute lanes: earliest deadline first across the models loaded on an executor,
-the policy's batch for the chosen model, and the timers that bring the core back.
+the policy's plan for the chosen model carried out (a batch dispatched, heads dropped, a
+wait or a handoff), and the timers that bring the core back.
 
 Invariants: an executor's execute lane holds committed work only up to ``schedule_ahead_ns``
 past now (plus the last action's duration); each INFER's window is ``[now, latest]``, where
@@ -15,20 +16,21 @@ from __future__ import annotations
 
 import heapq
 
+from .agenda import arm_timer, note_pressure, nudge, push_head, push_heads
 from .batching import Batch
+from .entities import Action, ActionKind, ExecutorState, ModelState
 from .events import WakeAt
 from .ledger import unbook_dispatched
-from .models import ModelState
 from .outcomes import Outcome
-from .policies import Defer, NoBatch
+from .policies import Defer, Drop, Handoff, NoBatch, Policy
 from .queues import RequestStatus
-from .state import CoreState
-from .tracker import Action, ActionKind, ExecutorState
+from .requests import answer
+from .state import CoreState, new_action_id, next_seq, predict
 
 FILLS_PER_EXECUTOR = 4  # bound on fills of one executor per event (no ping-pong between copies)
 
 
-def run_due(core: CoreState) -> None:
+def run_due(core: CoreState, policy: Policy) -> None:
     """Do everything due at ``core.now_ns``: timers, fills, drops; then ask for the next wake."""
     now_ns = core.now_ns
     timers = core.exec_timers
@@ -37,11 +39,11 @@ def run_due(core: CoreState) -> None:
         if version == executor.timer_version and executor.alive:
             executor.timer_at_ns = -1
             core.to_fill[executor.executor_id] = executor
-    run_fills(core)
-    run_drops(core)
+    run_fills(core, policy)
+    run_drops(core, policy)
 
 
-def run_fills(core: CoreState) -> None:
+def run_fills(core: CoreState, policy: Policy) -> None:
     """Fill every executor queued in ``core.to_fill`` (fills may queue others)."""
     fills: dict[str, int] = {}
     to_fill = core.to_fill
@@ -52,13 +54,13 @@ def run_fills(core: CoreState) -> None:
         if not executor.alive:
             continue
         if done >= FILLS_PER_EXECUTOR:
-            core.arm_timer(executor, core.now_ns + 1)  # finish on the next event
+            arm_timer(core, executor, core.now_ns + 1)  # finish on the next event
             continue
         fills[executor_id] = done + 1
-        fill(core, executor)
+        fill(core, policy, executor)
 
 
-def fill(core: CoreState, executor: ExecutorState) -> None:
+def fill(core: CoreState, policy: Policy, executor: ExecutorState) -> None:
     """Commit work to ``executor``'s execute lane up to the schedule-ahead horizon."""
     now_ns = core.now_ns
     ahead_ns = core.config.schedule_ahead_ns
@@ -68,44 +70,64 @@ def fill(core: CoreState, executor: ExecutorState) -> None:
     while True:
         start_ns = executor.exec_lane.start_for(now_ns)
         if start_ns > horizon_ns:
-            _shed(core, executor, start_ns)
+            _shed(core, policy, executor, start_ns)
             if executor.heap:
                 wake_ns = start_ns - ahead_ns
             break
         model = _pop_model(core, executor)
         if model is None:
             break
-        plan = core.policy.plan(core, executor, model, start_ns)
+        plan = policy.plan(core, executor, model, start_ns)
+        while isinstance(plan, Drop):
+            drop(core, plan)
+            plan = policy.plan(core, executor, model, start_ns)
         if isinstance(plan, Batch):
             dispatch(core, executor, model, plan, start_ns)
         elif isinstance(plan, Defer):
             put_back.append(model)
             wake_ns = plan.until_ns if wake_ns is None else min(wake_ns, plan.until_ns)
+        elif isinstance(plan, Handoff):
+            nudge(core, plan.executor)
+            put_back.append(model)
         elif plan is NoBatch.SKIP:
             put_back.append(model)
     for model in put_back:
-        core.push_head(executor, model)
+        push_head(core, executor, model)
     if wake_ns is not None:
-        core.arm_timer(executor, wake_ns)
+        arm_timer(core, executor, wake_ns)
 
 
-def _shed(core: CoreState, executor: ExecutorState, start_ns: int) -> None:
+def drop(core: CoreState, plan: Drop) -> None:
+    """Answer the plan's requests ``dropped``: their model's copies could not keep up."""
+    for request in plan.requests:
+        note_pressure(core, request.model)
+        answer(core, request, Outcome.DROPPED, plan.message)
+
+
+def _shed(core: CoreState, policy: Policy, executor: ExecutorState, start_ns: int) -> None:
     """With the lane full, drop the most urgent queued requests no copy can serve in time
     (now, not later when the lane frees up); stop at the first servable head."""
-    if not core.policy.sheds:
+    if not policy.sheds:
         return
     heap = executor.heap
     while True:
         if heap:  # fast path: the most urgent head still fits after the committed work
             key_ns, _, version, top = heap[0]
-            fits_ns = start_ns + core.predict(top, executor).exec_ns[top.spec.batch_sizes[0]]
+            fits_ns = start_ns + predict(core, top, executor).exec_ns[top.spec.batch_sizes[0]]
             if version == top.version and key_ns >= fits_ns and top.name in executor.loaded:
                 return
         model = _pop_model(core, executor)
         if model is None:
             return
-        dropped = core.policy.shed(core, executor, model, start_ns)
-        core.push_head(executor, model)
+        dropped = False
+        plan = policy.shed(core, executor, model, start_ns)
+        while isinstance(plan, Drop):
+            drop(core, plan)
+            dropped = True
+            plan = policy.shed(core, executor, model, start_ns)
+        if plan is not None:
+            nudge(core, plan.executor)
+        push_head(core, executor, model)
         if not dropped:
             return
 
@@ -122,7 +144,7 @@ def _pop_model(core: CoreState, executor: ExecutorState) -> ModelState | None:
         if head is None:
             continue
         if head.key_ns != key_ns:  # the head was answered: re-sort on the real head
-            heapq.heappush(heap, (head.key_ns, core.seq(), version, model))
+            heapq.heappush(heap, (head.key_ns, next_seq(core), version, model))
             continue
         return model
     return None
@@ -131,10 +153,11 @@ def _pop_model(core: CoreState, executor: ExecutorState) -> ModelState | None:
 def dispatch(
     core: CoreState, executor: ExecutorState, model: ModelState, batch: Batch, start_ns: int
 ) -> None:
-    """Send ``batch`` to ``executor`` as an INFER planned to start at ``start_ns`` (it may
-    start as soon as the work before it ends)."""
+    """Take ``batch``'s requests out of the queue and send them to ``executor`` as an INFER
+    planned to start at ``start_ns`` (it may start as soon as the work before it ends)."""
+    requests = model.take(batch.count, batch.position)
     action = Action(
-        core.new_action_id(),
+        new_action_id(core),
         ActionKind.INFER,
         executor.executor_id,
         model,
@@ -143,28 +166,28 @@ def dispatch(
     )
     action.latest_ns = batch.latest_ns
     action.batch_size = batch.batch_size
-    action.requests = batch.requests
+    action.requests = requests
     executor.exec_lane.commit(action, start_ns)
     executor.actions[action.action_id] = action
     core.actions[action.action_id] = action
     executor.add_infer(model.name)
-    unbook_dispatched(core, executor, batch.requests, start_ns, batch.predicted_ns)
-    for request in batch.requests:
+    unbook_dispatched(core, executor, requests, start_ns, batch.predicted_ns)
+    for request in requests:
         request.move(RequestStatus.RUNNING)
         request.action_id = action.action_id
-    count = len(batch.requests)
+    count = len(requests)
     core.queued_total -= count
     core.running_total += count
     core.counters["infers"] += 1
     executor.record_busy(core.now_ns, batch.predicted_ns, core.config.utilisation_window_ns)
     core.out.append(action.start_infer())
     if model.queued:
-        core.push_heads(model)
+        push_heads(core, model)
         if count == model.max_batch and model.queued >= model.max_batch:
-            core.note_pressure(model)  # a full batch left a full batch behind
+            note_pressure(core, model)  # a full batch left a full batch behind
 
 
-def run_drops(core: CoreState) -> None:
+def run_drops(core: CoreState, policy: Policy) -> None:
     """Answer ``dropped`` every queued request whose drop time has come."""
     now_ns = core.now_ns
     timers = core.drop_timers
@@ -176,8 +199,8 @@ def run_drops(core: CoreState) -> None:
         if cold and model.has_copy():
             continue
         if model.has_copy():
-            core.note_pressure(model)
-        core.answer(request, Outcome.DROPPED, core.policy.drop_message(cold))
+            note_pressure(core, model)
+        answer(core, request, Outcome.DROPPED, policy.drop_message(cold))
 
 
 def next_wake_ns(core: CoreState) -> int | None:

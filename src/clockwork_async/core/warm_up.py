@@ -20,28 +20,26 @@ the first teaches the cold extra, as any cold start does, and the ones behind it
 
 from __future__ import annotations
 
-from .models import ModelState
-from .state import CoreState
-from .tracker import Action, ActionKind, ExecutorState
+from .entities import Action, ActionKind, ExecutorState, ModelState
+from .state import CoreState, new_action_id, predict
 
 
-def warm_up(core: CoreState, model: ModelState, deadline_ns: int) -> None:
-    """After ``model``'s request (``deadline_ns``) was refused ``infeasible``: warm a cold
-    lane it is loaded on, when that is worth it (module header)."""
+def warm_up(core: CoreState, model: ModelState, internal_ns: int) -> None:
+    """After ``model``'s request (internal deadline ``internal_ns``) was refused
+    ``infeasible``: warm a cold lane it is loaded on, when that is worth it (module header)."""
     config = core.config
     now_ns = core.now_ns
     if model.demand_now(now_ns, config.utilisation_window_ns) * config.warm_gap_ns < (
         config.utilisation_window_ns
     ):
         return  # the next request is not expected within the warm gap
-    internal_ns, _ = core.policy.plan_keys(core, model, deadline_ns)
     b1 = model.spec.batch_sizes[0]
     for executor_id in model.loaded_on:
         executor = core.executors[executor_id]
         lane = executor.exec_lane
         if not lane.cold_extra_ns or not lane.is_cold_now(now_ns):
             continue  # warm already, or its cold starts cost nothing: warming would not help
-        if now_ns + lane.lead_ns + core.predict(model, executor).exec_ns[b1] > internal_ns:
+        if now_ns + lane.lead_ns + predict(core, model, executor).exec_ns[b1] > internal_ns:
             continue  # not even a warm lane would serve it in time
         for _ in range(config.warm_up_infers):
             _send_warm_up(core, executor, model)
@@ -52,11 +50,11 @@ def _send_warm_up(core: CoreState, executor: ExecutorState, model: ModelState) -
     """Commit one warm-up INFER to ``executor``'s execute lane and send it."""
     lane = executor.exec_lane
     b1 = model.spec.batch_sizes[0]
-    predicted_ns = core.predict(model, executor).exec_ns[b1]
+    predicted_ns = predict(core, model, executor).exec_ns[b1]
     if not lane.is_cold_now(core.now_ns):  # behind the first: its start is not moved for it
         predicted_ns += lane.cold_extra_ns
     action = Action(
-        core.new_action_id(),
+        new_action_id(core),
         ActionKind.INFER,
         executor.executor_id,
         model,

@@ -3,28 +3,33 @@
 Invariant: the n-th consecutive failure waits ``min(initial_s * factor**(n-1), max_s)``; a run
 that stayed up for at least ``healthy_s`` before failing counts as the first failure again, so a
 process that crashes once a day restarts at once, while one that crashes at start backs off.
-Times are plain seconds on whatever monotonic clock the caller passes in.
+Times are plain seconds on whatever monotonic clock the caller passes in. The daemon's one
+backoff is ``[executor_link]``'s ``reconnect_backoff_*`` keys (`LinkConfig.reconnect_backoff`),
+for reconnecting remote executors and restarting local ones alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from clockwork_async.config_keys import ranged
+from clockwork_async.core.config import ConfigError
+
 
 @dataclass(frozen=True, slots=True)
 class BackoffConfig:
-    initial_s: float = 0.05
-    factor: float = 2.0
-    max_s: float = 5.0
-    healthy_s: float = 10.0
+    initial_s: float = ranged(0.05, 0.0, 600.0)  # the first wait
+    factor: float = ranged(2.0, 1.0, 100.0)  # each consecutive failure multiplies the wait
+    max_s: float = ranged(5.0, 0.0, 3600.0)  # the wait never exceeds this
+    healthy_s: float = ranged(10.0, 0.0, 86_400.0)  # up this long: the next failure is a first
 
     def __post_init__(self) -> None:
-        if self.initial_s < 0 or self.max_s < self.initial_s:
-            raise ValueError(f"need 0 <= initial_s <= max_s, got {self.initial_s}, {self.max_s}")
+        if not 0 <= self.initial_s <= self.max_s:
+            raise ConfigError("initial_s", self.initial_s, f"0 .. max_s ({self.max_s})")
         if self.factor < 1.0:
-            raise ValueError(f"factor must be >= 1, got {self.factor}")
+            raise ConfigError("factor", self.factor, ">= 1")
         if self.healthy_s < 0:
-            raise ValueError(f"healthy_s must be >= 0, got {self.healthy_s}")
+            raise ConfigError("healthy_s", self.healthy_s, ">= 0")
 
 
 class Backoff:

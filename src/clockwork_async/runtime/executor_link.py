@@ -2,7 +2,7 @@
 
 `ExecutorLink` is one connection's life: ``open`` connects, exchanges Hello (with the token),
 reads ExecutorInfo, takes ``sync_samples`` ping round trips for a first clock offset (min-RTT,
-`clock_sync`), then reads replies in a task and pings every ``heartbeat_interval_s``. Any
+`clock_sync`), then reads replies in a task and pings every ``heartbeat_interval_ms``. Any
 message received counts as a heartbeat. The link goes DOWN, once, when its socket closes, the
 peer sends bytes that do not decode, or nothing was heard for ``heartbeat_timeout_s``; then
 every action still waiting for its reply is dropped (the driver resolves them through the core),
@@ -22,11 +22,13 @@ import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
+from clockwork_async.config_keys import internal, nested, ranged
 from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.core.config import ConfigError
 from clockwork_async.runtime.backoff import Backoff, BackoffConfig
 from clockwork_async.runtime.clock_sync import ClockSync, ClockSyncError
 from clockwork_async.wire.codec import ProtocolError
@@ -75,26 +77,40 @@ class LinkDown(LinkError):
 
 @dataclass(frozen=True, slots=True)
 class LinkConfig:
-    """Timing of executor links. Seconds unless the name says otherwise."""
+    """Timing of executor links: the daemon's ``[executor_link]`` section, key for key
+    (`config_keys`; the backoff's keys are ``reconnect_backoff_<field>``). Units in names."""
 
-    connect_timeout_s: float = 5.0
-    handshake_timeout_s: float = 5.0
-    sync_samples: int = 16  # back-to-back pings before a link is up
-    sync_window: int = 64  # recent samples the offset estimate picks the min-RTT one from
-    heartbeat_interval_s: float = 0.1
-    heartbeat_timeout_s: float = 1.0
-    call_timeout_s: float = 60.0  # RegisterModel reads a file; profiling runs whole batches
-    controller_name: str = "controller"
-    limits: Limits = DEFAULT_LIMITS
-    reconnect: BackoffConfig = field(
-        default_factory=lambda: BackoffConfig(initial_s=0.05, max_s=2.0, healthy_s=10.0)
-    )
+    heartbeat_interval_ms: float = ranged(200.0, 1.0, 60_000.0)  # ping period
+    heartbeat_miss_limit: int = ranged(3, 1, 1000)  # pings missed before the link is down
+    connect_timeout_s: float = ranged(5.0, 0.01, 600.0)  # connecting; then again the handshake
+    reconnect_backoff: BackoffConfig = nested(BackoffConfig)
+    sync_samples: int = internal(16)  # back-to-back pings before a link is up
+    sync_window: int = internal(64)  # recent samples the offset estimate picks the min-RTT from
+    call_timeout_s: float = internal(60.0)  # RegisterModel reads a file; profiling runs batches
+    controller_name: str = internal("controller")
+    limits: Limits = internal(DEFAULT_LIMITS)
 
     def __post_init__(self) -> None:
-        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
-            raise ValueError("heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if self.heartbeat_interval_ms <= 0:
+            raise ConfigError("heartbeat_interval_ms", self.heartbeat_interval_ms, "> 0")
+        if self.heartbeat_miss_limit < 1:
+            raise ConfigError("heartbeat_miss_limit", self.heartbeat_miss_limit, ">= 1")
         if self.sync_samples < 1 or self.sync_window < 1:
-            raise ValueError("sync_samples and sync_window must be >= 1")
+            raise ConfigError("sync_samples", (self.sync_samples, self.sync_window), ">= 1 each")
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_interval_ms / 1000.0
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """Silence after which the link is down: ``heartbeat_miss_limit`` periods, plus half a
+        period so that a limit of 1 is still longer than the interval."""
+        return self.heartbeat_interval_s * (self.heartbeat_miss_limit + 0.5)
+
+    @property
+    def handshake_timeout_s(self) -> float:
+        return self.connect_timeout_s
 
 
 class ExecutorLink:
@@ -395,7 +411,7 @@ class LinkKeeper:
         self._on_up = on_up
         self._on_down = on_down
         self._now_ns = now_ns
-        self._backoff = Backoff(self.config.reconnect)
+        self._backoff = Backoff(self.config.reconnect_backoff)
         self._poked = asyncio.Event()
         self._first: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._closed = False

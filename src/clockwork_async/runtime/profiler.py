@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from clockwork_async.config_keys import internal, ranged
+from clockwork_async.core.config import ConfigError, ControllerConfig
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.runtime.batching import zero_batch
 from clockwork_async.wire.messages import (
@@ -38,6 +40,7 @@ from clockwork_async.wire.messages import (
 
 MS_NS = 1_000_000
 PROFILE_FORMAT_VERSION = 1
+CORE_PERCENTILE = ControllerConfig().percentile  # the core's default, not a second one
 
 
 class ProfilingError(RuntimeError):
@@ -46,20 +49,27 @@ class ProfilingError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ProfilerConfig:
-    warmup_iterations: int = 2
-    iterations: int = 10
-    load_iterations: int = 2
-    percentile: float = 99.0  # as the core's predictions (docs/controller.md)
-    max_execute_ns: int = 100 * MS_NS  # batch sizes slower than this are not offered
-    window_ns: int = 30_000 * MS_NS  # how long a profiling action may wait for its lane
+    """How registration profiles: the daemon's ``[profiler]`` section, key for key
+    (`config_keys`)."""
+
+    warmup_iterations: int = ranged(2, 0, 1000)  # INFERs per batch size whose times are dropped
+    iterations: int = ranged(10, 1, 10_000)  # measured INFERs per batch size
+    load_iterations: int = ranged(2, 1, 1000)  # measured LOADs
+    max_execute_ns: int = ranged(1_000 * MS_NS, 1_000, 600_000 * MS_NS)  # slower: not offered
+    window_ns: int = ranged(30_000 * MS_NS, MS_NS, 3_600_000 * MS_NS)  # an action's wait, at most
+    percentile: float = internal(CORE_PERCENTILE)  # as the core predicts (docs/controller.md)
 
     def __post_init__(self) -> None:
-        if self.iterations < 1 or self.load_iterations < 1 or self.warmup_iterations < 0:
-            raise ValueError("iterations and load_iterations must be >= 1, warm-up >= 0")
+        if self.iterations < 1 or self.load_iterations < 1:
+            raise ConfigError("iterations", (self.iterations, self.load_iterations), ">= 1 each")
+        if self.warmup_iterations < 0:
+            raise ConfigError("warmup_iterations", self.warmup_iterations, ">= 0")
         if not 0.0 < self.percentile <= 100.0:
-            raise ValueError(f"percentile must be in (0, 100], not {self.percentile}")
-        if self.max_execute_ns <= 0 or self.window_ns <= 0:
-            raise ValueError("max_execute_ns and window_ns must be > 0")
+            raise ConfigError("percentile", self.percentile, "in (0, 100]")
+        if self.max_execute_ns <= 0:
+            raise ConfigError("max_execute_ns", self.max_execute_ns, "> 0")
+        if self.window_ns <= 0:
+            raise ConfigError("window_ns", self.window_ns, "> 0")
 
 
 @dataclass(frozen=True, slots=True)

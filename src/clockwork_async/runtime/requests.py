@@ -298,3 +298,19 @@ class PredictionErrors:
             max_ns=self._max_ns,
             underpredicted=self._under,
         )
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)

@@ -119,9 +119,7 @@ def pin_controller(cpus: Sequence[int] | None = None, *, taken: Iterable[int] = 
 class SupervisorConfig:
     ready_timeout_s: float = 60.0  # importing onnxruntime on a loaded box takes a while
     stop_timeout_s: float = 5.0  # SIGTERM, then SIGKILL after this
-    backoff: BackoffConfig = field(
-        default_factory=lambda: BackoffConfig(initial_s=0.1, max_s=10.0, healthy_s=30.0)
-    )
+    backoff: BackoffConfig = field(default_factory=BackoffConfig)  # the daemon's: [executor_link]
     run_dir: Path | None = None  # where the sockets go; None: a fresh temporary folder
     python: str = sys.executable
     log_level: str = "WARNING"  # the executors' stderr logging

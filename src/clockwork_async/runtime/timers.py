@@ -1,4 +1,7 @@
-"""The core's wake-up timer, the loop's busy poll and its lag probe, on a running asyncio loop.
+"""The core's wake-up timer, the loop's busy poll, its lag probe and the loop as a lane.
+
+One idea: the event loop's own time: when it wakes the core, how it keeps from sleeping, how
+late it runs and how much work it has booked ahead.
 
 uvloop (libuv) keeps time in whole milliseconds, so a ``call_at`` fires anywhere from about a
 millisecond early to a millisecond late. `WakeTimer` therefore never trusts a timer for sub-ms
@@ -291,10 +294,11 @@ class LoopLane:
 
     The cost model is learned from the loop thread's CPU time: every ``sample_interval_s`` the
     busy time since the last sample (CPU time less what busy polling spent) is regressed on the
-    requests admitted, their bytes and the requests refused in that interval, over the last
-    ``window`` samples (least squares, each coefficient kept within [0, 100x its prior]); until
-    ``min_samples`` busy samples exist the prior is used. A sample also pulls the lane's end up
-    to the measured loop lag, so a prediction that is short is corrected by what was measured.
+    requests admitted, their bytes, the requests refused and a constant (the loop's other work:
+    heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
+    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
+    ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
+    (its measured lag) is not booked as work ahead: it is over once it was measured.
 
     Invariant: ``delay_ns`` >= 0; a refusal books only the refusal's cost, so a loop that is
     behind still answers at the rate it can refuse.
@@ -332,6 +336,22 @@ class LoopLane:
         """The predicted cost of admitting a request of ``nbytes`` tensor bytes."""
         return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
 
+    def refusal(self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int) -> str | None:
+        """Why a request with ``slo_ns`` to its deadline cannot be taken: the work booked
+        ahead of it runs past ``share`` of that, or past ``cap_ns`` (0: never refuse). An idle
+        loop refuses nothing: what a request cannot meet on its own is the core's to refuse."""
+        delay_ns = self.delay_ns(now_ns)
+        if not cap_ns or not delay_ns:
+            return None
+        limit_ns = min(cap_ns, int(share * max(0, slo_ns)))
+        if delay_ns <= limit_ns:
+            return None
+        return (
+            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
+            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
+            f"retry after {delay_ns / 1e6:.2f} ms"
+        )
+
     def book(self, now_ns: int, nbytes: int, *, admitted: bool) -> None:
         """A request was admitted (``nbytes`` of tensors) or refused at the door."""
         if admitted:
@@ -343,21 +363,20 @@ class LoopLane:
             self._refused += 1
         self._free_at_ns = max(self._free_at_ns, now_ns) + cost_ns
 
-    def observe(self, now_ns: int, busy_ns: int, lag_ns: int = 0) -> None:
-        """The loop was busy ``busy_ns`` since the last call and its last measured lag was
-        ``lag_ns``: learn the costs and pull the lane's end up to the lag."""
+    def observe(self, busy_ns: int) -> None:
+        """The loop was busy ``busy_ns`` since the last call: learn the costs."""
         self._samples.append((self._admitted, self._bytes, self._refused, max(0, busy_ns)))
         self._admitted = self._bytes = self._refused = 0
-        self._free_at_ns = max(self._free_at_ns, now_ns + lag_ns)
         self.cost = self._fit()
 
     def _fit(self) -> LoopCost:
         busy = [s for s in self._samples if s[0] or s[2]]
         if len(busy) < self._min_samples:
             return self._prior
-        counts = np.array([s[:3] for s in busy], dtype=np.float64)
+        counts = np.array([(*s[:3], 1) for s in busy], dtype=np.float64)
         spent = np.array([s[3] for s in busy], dtype=np.float64)
         solution, *_ = np.linalg.lstsq(counts, spent, rcond=None)
+        solution = solution[:3]  # the constant is the loop's other work
         prior = (self._prior.request_ns, self._prior.byte_ns, self._prior.refusal_ns)
         low = (self._prior.request_ns / 10, 0.0, self._prior.refusal_ns / 10)
         fitted = [
@@ -371,11 +390,9 @@ class LoopLane:
     def running(self) -> bool:
         return self._handle is not None
 
-    def start(self, lag_ns: Callable[[], int] = lambda: 0) -> None:
-        """Sample every ``sample_interval_s`` on the running loop (``lag_ns``: the last
-        measured loop lag)."""
+    def start(self) -> None:
+        """Sample every ``sample_interval_s`` on the running loop."""
         if self._handle is None:
-            self._lag_ns = lag_ns
             self._last_thread_ns = self._thread_ns() - self._poll_ns()
             self._arm()
 
@@ -389,6 +406,6 @@ class LoopLane:
 
     def _sample(self) -> None:
         spent_ns = self._thread_ns() - self._poll_ns()
-        self.observe(self._now_ns(), spent_ns - self._last_thread_ns, self._lag_ns())
+        self.observe(spent_ns - self._last_thread_ns)
         self._last_thread_ns = spent_ns
         self._arm()

@@ -12,12 +12,16 @@ Invariants:
 - A decoded tensor is a numpy view of its frame's own tail buffer, fresh for every frame.
 - `Encoder` never copies a C-contiguous little-endian tensor: its buffer goes out as is, so the
   caller must not mutate it until the bytes are written.
+- A `Screen` sees each frame's header before its tail: a frame it refuses keeps none of its
+  tail's bytes (they are read into a scratch buffer and dropped) and comes out as `Screened`
+  (its class, its non-tensor fields and the screen's reason) in its place, in order.
 """
 
 from __future__ import annotations
 
 import struct
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -62,11 +66,27 @@ __all__ = [
     "Encoder",
     "Limits",
     "ProtocolError",
+    "Screen",
+    "Screened",
 ]
 
 PREFIX = struct.Struct(">II")
 PREFIX_BYTES = PREFIX.size
 _SCRATCH_BYTES = 16 * 1024  # get_buffer's buffer outside a tail: small, so little is copied twice
+_DISCARD_BYTES = 256 * 1024  # where a screened-out tail is read, in few system calls
+
+# (message class, its non-tensor fields, tail bytes) -> None to decode it, or why not
+Screen = Callable[[type[Any], Mapping[str, Any], int], "str | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """A frame a `Screen` refused from its header: its tensors were never kept."""
+
+    cls: type[Any]
+    fields: Mapping[str, Any]
+    reason: str
+    frame_bytes: int
 
 
 class ProtocolError(Exception):
@@ -116,6 +136,8 @@ class Encoder:
         header: dict[str, Any] = {"t": schema.cls.TAG}
         for f in schema.fields:
             value = getattr(message, f.name)
+            if f.omit_at_default and value == f.default:
+                continue  # a peer that predates the field reads the message too
             if type(value) is f.exact_type and f.exact_type is not int:
                 header[f.name] = value  # str, bool, bytes: already what the wire carries
                 continue
@@ -158,6 +180,7 @@ _TRANSITIONS: dict[DecoderState, tuple[DecoderState, ...]] = {
 class _Lent(Enum):
     SCRATCH = "scratch"
     TAIL = "tail"
+    DISCARD = "discard"
 
 
 @dataclass(slots=True)
@@ -168,6 +191,7 @@ class _Frame:
     kwargs: dict[str, Any]
     tensors: dict[str, dict[str, TensorRef]]
     frame_bytes: int
+    screened: str | None = None  # why its tail is dropped (a `Screen` refused it)
 
 
 def _protocol_error(message: str) -> ProtocolError:
@@ -202,8 +226,15 @@ class Decoder:
     `buffer_updated`. Neither raises ProtocolError: `next_message` returns every message
     decoded before the error, then raises it (every call from then on)."""
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, expect_hello: bool = False) -> None:
+    def __init__(
+        self,
+        limits: Limits = DEFAULT_LIMITS,
+        *,
+        expect_hello: bool = False,
+        screen: Screen | None = None,
+    ) -> None:
         self._limits = limits
+        self.screen = screen  # may be set later (a server's session, after the hello)
         self._unpack_options = limits.unpack_options()
         self._hello_pending = expect_hello
         self._state = DecoderState.PREFIX
@@ -214,10 +245,11 @@ class Decoder:
         self._tail: np.ndarray[Any, Any] = np.empty(0, np.uint8)
         self._tail_view = memoryview(b"")
         self._tail_filled = 0
-        self._ready: deque[tuple[Message, int]] = deque()
+        self._ready: deque[tuple[Message | Screened, int]] = deque()
         self._ready_bytes = 0
         self._error: ProtocolError | None = None
         self._scratch = memoryview(bytearray(_SCRATCH_BYTES))
+        self._discard: memoryview | None = None  # made at the first screened-out tail
         self._lent: _Lent | None = None
 
     # Public state.
@@ -260,6 +292,10 @@ class Decoder:
         """Where the next received bytes should go: the rest of the current tail (so tensor
         bytes land in their final buffer), else a scratch buffer. Never empty."""
         if self._state is DecoderState.TAIL:
+            if self._frame is not None and self._frame.screened is not None:
+                self._lent = _Lent.DISCARD
+                discard = self._discard_buffer()
+                return discard[: self._tail_len - self._tail_filled]
             self._lent = _Lent.TAIL
             return self._tail_view[self._tail_filled :]
         self._lent = _Lent.SCRATCH
@@ -270,14 +306,14 @@ class Decoder:
         lent, self._lent = self._lent, None
         if lent is None:
             raise RuntimeError("buffer_updated() without a get_buffer() before it")
-        if lent is _Lent.TAIL:
+        if lent is not _Lent.SCRATCH:
             self._advance_tail(nbytes)
         else:
             self._consume(self._scratch[:nbytes])
 
     # Output.
 
-    def next_frame(self) -> tuple[Message, int] | None:
+    def next_frame(self) -> tuple[Message | Screened, int] | None:
         """The next decoded message and its frame's size in bytes; None when more bytes are
         needed. Raises ProtocolError once every message before a bad frame has been taken."""
         if self._ready:
@@ -288,7 +324,7 @@ class Decoder:
             raise ProtocolError(self._error.code, self._error.message)
         return None
 
-    def next_message(self) -> Message | None:
+    def next_message(self) -> Message | Screened | None:
         """The next decoded message, or None; raises like `next_frame`."""
         frame = self.next_frame()
         return None if frame is None else frame[0]
@@ -330,9 +366,15 @@ class Decoder:
     def _copy_tail(self, data: memoryview, position: int) -> int:
         count = min(len(data) - position, self._tail_len - self._tail_filled)
         start = self._tail_filled
-        self._tail_view[start : start + count] = data[position : position + count]
+        if self._frame is None or self._frame.screened is None:
+            self._tail_view[start : start + count] = data[position : position + count]
         self._advance_tail(count)
         return position + count
+
+    def _discard_buffer(self) -> memoryview:
+        if self._discard is None:
+            self._discard = memoryview(bytearray(_DISCARD_BYTES))
+        return self._discard
 
     def _advance_tail(self, nbytes: int) -> None:
         if not 0 <= nbytes <= self._tail_len - self._tail_filled:
@@ -371,12 +413,16 @@ class Decoder:
             _check_hello(header)
             self._hello_pending = False
         try:
-            self._frame = self._parse_header(header)
+            self._frame = frame = self._parse_header(header)
         except SchemaError as e:
             raise _protocol_error(str(e)) from None
+        if self.screen is not None:
+            frame.screened = self.screen(frame.cls, frame.kwargs, self._tail_len)
         if self._tail_len:
-            self._tail = np.empty(self._tail_len, np.uint8)  # not zeroed: every byte is received
-            self._tail_view, self._tail_filled = self._tail.data, 0
+            if frame.screened is None:  # not zeroed: every byte is received
+                self._tail = np.empty(self._tail_len, np.uint8)
+                self._tail_view = self._tail.data
+            self._tail_filled = 0
             self._enter(DecoderState.TAIL)
         else:
             self._enter(DecoderState.TAIL)
@@ -423,6 +469,12 @@ class Decoder:
     def _finish_frame(self) -> None:
         frame, self._frame = self._frame, None
         assert frame is not None  # set by _on_header before the tail
+        if frame.screened is not None:
+            screened = Screened(frame.cls, frame.kwargs, frame.screened, frame.frame_bytes)
+            self._ready.append((screened, frame.frame_bytes))
+            self._ready_bytes += frame.frame_bytes
+            self._enter(DecoderState.PREFIX)
+            return
         for name, refs in frame.tensors.items():
             frame.kwargs[name] = {key: tensor_view(self._tail, r) for key, r in refs.items()}
         self._ready.append((frame.cls(**frame.kwargs), frame.frame_bytes))
