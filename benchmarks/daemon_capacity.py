@@ -5,8 +5,9 @@ limit, until the generator itself cannot keep up. Does goodput hold past the kne
 
 One daemon per row size, one simulated executor sped up 100x (``slowdown`` 0.01, so the
 executor is never the limit) pinned to CPU 1, one model, SLO 100 ms; open-loop Poisson from
-`clockwork-async bench`, pinned to CPU 0 (the controller's CPU) at nice 10. Row sizes: ``602kb`` (the
-``resnet50-v100`` profile: one 3x224x224 float32 image) and ``16b`` (``tiny-sim``: 4 floats).
+`clockwork-async bench`, pinned to CPU 0 (the controller's CPU) at nice 10. Row sizes:
+``602kb`` (the ``resnet50-v100`` profile: one 3x224x224 float32 image) and ``16b``
+(``tiny-sim``: 4 floats).
 
 In the same run, a raw ingest reference: a small server (its own process, the project's codec
 and `connection`) that reads the same frames and answers each with a short ``ok`` reply, driven
