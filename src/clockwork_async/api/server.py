@@ -1,5 +1,8 @@
 """The client API server: wire connections in, `Service` calls, replies out.
 
+One idea: the listener and what all its connections share (limits, counts, the upload budget,
+routes, the drain); each connection's own requests are `api.session`'s.
+
 Each connection starts with a ``hello`` (version checked by the decoder, then the token mapped
 to scopes, `api.auth`); then it carries pipelined requests with client-chosen ids, answered in
 whatever order they finish. See docs/protocol.md, "Client API".
