@@ -16,7 +16,8 @@ Invariants:
   whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
 - The core alone judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and
   plans by it); the dispatcher never changes an outcome. The only answers that do not come
-  from the core are the refusals at the door (`_refusal`: ``shutting_down``, ``unknown_model``,
+  from the core are the refusals at the door (`_refusal` and `refuse`: ``shutting_down``,
+  ``overloaded`` when the daemon's own loop is too far behind, ``unknown_model``,
   ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
   event (a bug).
 - Each submitted request's ``on_reply`` is called exactly once, possibly before `submit`
@@ -187,13 +188,17 @@ class Dispatcher:
     ) -> int:
         """Accept a request that arrived now, due ``slo_ns`` from now, at ``deadline_unix_ns``
         (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
-        now_ns, unix_now_ns = self._now_ns(), self._unix_now_ns()
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns())
+        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
+
+    def _deadline_ns(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
+    ) -> int:
         served = self._models.get(model)
         default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        deadline_ns = resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=unix_now_ns
+        return resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
         )
-        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
 
     def submit_by(
         self,
@@ -258,11 +263,7 @@ class Dispatcher:
         if self._state is not DispatcherState.RUNNING:
             return None  # `submit` answers it shutting_down
         now_ns = self._now_ns()
-        served = self._models.get(model)
-        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        deadline_ns = resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
-        )
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
         return self._loop_refusal(deadline_ns - now_ns, now_ns)
 
     def refuse(
