@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from clockwork_async.core.errors import InvalidEvent
-from clockwork_async.core.events import Abandon, Arrivals, RequestArrived, ReturnHop, StartInfer
+from clockwork_async.core.events import (
+    Abandon,
+    ActionFinished,
+    Arrivals,
+    RequestArrived,
+    ReturnHop,
+    StartInfer,
+)
 from clockwork_async.core.outcomes import Outcome
 
 from .harness import MS, RESNET, Harness, only
@@ -72,3 +79,23 @@ def test_abandon_answers_every_accepted_request_once_and_ignores_later_results()
     assert h.ctl.pending() == 0
     h.finish(infer)  # its result comes after all: no second answer
     assert len(h.replies[1]) == 1
+
+
+def test_hops_that_ride_with_a_result_are_learned_before_it_is_settled() -> None:
+    h = Harness()
+    _ready(h)
+    (infer,) = only(h.request(1, "m", 100 * MS), StartInfer)
+    event = ActionFinished(
+        "e1",
+        infer.action_id,
+        start_ns=infer.planned_start_ns,
+        end_ns=infer.planned_start_ns + B1_NS,
+        duration_ns=B1_NS,
+        return_hop_ns=3 * MS,
+        lead_ns=1 * MS,
+    )
+    h.at(100 * MS - 2 * MS, event)  # 2 ms left: less than the 3 ms hop it just brought
+    assert h.outcome(1) is Outcome.LATE
+    assert h.ctl.executor("e1").lead_ns == 1 * MS
+    with pytest.raises(InvalidEvent):
+        h.at(h.now_ns, ActionFinished("e1", 999, return_hop_ns=-1))

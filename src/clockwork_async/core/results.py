@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .agenda import mark_cold, push_head
 from .entities import Action, ActionKind, ExecutorState, RequestState
+from .errors import InvalidEvent
 from .events import ActionFinished
 from .eviction import forget_if_gone, send_unload
 from .outcomes import Outcome
@@ -26,7 +27,9 @@ ALREADY_LOADED = "already_loaded"
 
 
 def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -> None:
-    """Settle the action ``event`` reports on."""
+    """Learn the hops the result brought, then settle the action ``event`` reports on.
+    Raises InvalidEvent for a negative hop, before any state changes."""
+    _learn_hops(core, event)
     action = core.actions.get(event.action_id)
     if action is None or action.executor_id != event.executor_id:
         _on_unload_finished(core, event)
@@ -38,6 +41,17 @@ def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -
         _infer_finished(core, policy, executor, action, event)
     else:
         _load_finished(core, executor, action, event)
+
+
+def _learn_hops(core: CoreState, event: ActionFinished) -> None:
+    """As `ReturnHop` and `ExecutorLead` would (controller.py, membership.py)."""
+    if min(event.return_hop_ns or 0, event.lead_ns or 0) < 0:
+        raise InvalidEvent(f"hops cannot be negative: {event!r}")
+    if event.return_hop_ns is not None:
+        core.return_hop_ns = event.return_hop_ns
+    executor = core.executors.get(event.executor_id)
+    if event.lead_ns is not None and executor is not None:
+        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
 
 
 def _on_unload_finished(core: CoreState, event: ActionFinished) -> None:

@@ -461,21 +461,23 @@ class Dispatcher:
             return  # resolved already (its executor left)
         if not isinstance(message, ActionResult):
             message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
-        self._note(link, action, message)
+        hops = self._note(link, action, message)
         group = self._group_of(action.model)
         for listener in self.action_listeners:
             _call_quietly(listener, group, action, message)
-        self._feed(action.finished_event(message, link.offset_ns))
+        self._feed(action.finished_event(message, link.offset_ns, hops))
 
-    def _note(self, link: ExecutorLink, action: ActionRecord, result: ActionResult) -> None:
-        """Keep what the result tells: timings, both hops, pages, loaded models, errors."""
+    def _note(
+        self, link: ExecutorLink, action: ActionRecord, result: ActionResult
+    ) -> tuple[int | None, int | None]:
+        """Keep what the result tells: timings, pages, loaded models, errors; returns both
+        hops' new estimates (they go to the core with the result)."""
         action.result = result
         action.received_ns = now_ns = self._now_ns()
         action.offset_ns = link.offset_ns
-        for event in self._hops.on_result(
+        hops = self._hops.on_result(
             action.executor_id, action.sent_ns, link.offset_ns, result, now_ns
-        ):
-            self._feed(event)
+        )
         joined = self._executors.get(action.executor_id)
         if joined is not None:
             joined.pages_free = result.pages_free or joined.pages_free
@@ -483,6 +485,7 @@ class Dispatcher:
         if action.kind == "infer" and result.ok:
             error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
             self._prediction_errors.add(action.model, error_ns)
+        return hops
 
     # --- replies out -----------------------------------------------------------------------------
 

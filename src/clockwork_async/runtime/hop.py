@@ -105,8 +105,9 @@ WAY_THERE_PERCENTILE = 50.0
 
 class Hops:
     """Both ways between the controller and its executors: one estimate of the way back and
-    one of the way there per executor. Each change the core must hear of is returned as an
-    event (`ReturnHop`, `ExecutorLead`) for the caller to feed; nothing here feeds anything."""
+    one of the way there per executor. Each change the core must hear of is returned (new
+    values that ride with a result, or `ReturnHop` / `ExecutorLead` events when tails are
+    relieved) for the caller to hand over; nothing here feeds anything."""
 
     def __init__(self) -> None:
         self.back = HopEstimate()
@@ -122,20 +123,22 @@ class Hops:
 
     def on_result(
         self, executor_id: str, sent_ns: int, offset_ns: int, result: ActionResult, now_ns: int
-    ) -> list[Event]:
+    ) -> tuple[int | None, int | None]:
         """Learn both ways from a result read at ``now_ns`` of an action sent at ``sent_ns``
-        (``offset_ns``: the executor's clock minus ours). Returns the core's events."""
-        events: list[Event] = []
+        (``offset_ns``: the executor's clock minus ours). Returns the way back's and this
+        executor's way there's new estimates where they changed (None where not): they go to
+        the core with the result (`ActionFinished`)."""
+        back_ns = there_ns = None
         if result.end_ns and _changed(self.back, now_ns - (result.end_ns - offset_ns), now_ns):
-            events.append(ReturnHop(self.back.estimate_ns))
+            back_ns = self.back.estimate_ns
         if result.received_ns:
             there = self._there.get(executor_id)
             if there is None:
                 there = HopEstimate(percentile=WAY_THERE_PERCENTILE, slack=0.0, initial_ns=0)
                 self._there[executor_id] = there
             if _changed(there, result.received_ns - offset_ns - sent_ns, now_ns):
-                events.append(ExecutorLead(executor_id, there.estimate_ns))
-        return events
+                there_ns = there.estimate_ns
+        return back_ns, there_ns
 
     def relieve(self, now_ns: int) -> list[Event]:
         """Let stale tails go (`HopEstimate.relieve`); returns the lower estimates' events."""
