@@ -1,5 +1,7 @@
 """Every Prometheus metric of the daemon, defined once here on an injected registry.
 
+One idea: the daemon as Prometheus sees it.
+
 Invariants: names start with ``clockwork_``, are in base units (seconds, bytes) and counters
 end in ``_total``; every label set is bounded whatever clients do: latency histograms are
 labelled by model *group* (one per ONNX file, or model.toml's ``group``), never by instance;

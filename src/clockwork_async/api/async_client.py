@@ -1,6 +1,8 @@
 """The asyncio client of the daemon's client API (`clockwork_async.client` is the public
 facade, with the blocking `Client`).
 
+One idea: one connection to the daemon, as a client program uses it.
+
 It pipelines: many calls may be in flight on one connection at once, each matched to its
 reply by a request id the client chooses; replies may come in any order.
 

@@ -1,5 +1,7 @@
 """A discrete-event simulation of the controller core driving simulated executors.
 
+One idea: virtual time around the production core.
+
 The core is the production one (`core.controller.Controller`), fed events on a virtual clock;
 the executors are `sim.executors.SimExecutor`s that follow the real executor's action rules.
 

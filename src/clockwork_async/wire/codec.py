@@ -1,5 +1,7 @@
 """Framing and message codec of the clockwork-async wire protocol. No I/O, no asyncio, no clock.
 
+One idea: bytes to messages and messages to bytes.
+
 A frame is ``prefix | header | tail``: the prefix is two big-endian u32 (``header_len``,
 ``tail_len``); the header one msgpack map ``{"t": TAG, field: value, ...}``; the tail raw bytes
 that the header's tensors reference as ``[dtype, shape, offset, nbytes]`` (docs/protocol.md).

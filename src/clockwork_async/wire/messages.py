@@ -1,5 +1,7 @@
 """Typed, tagged messages of the clockwork-async wire protocol.
 
+One idea: the protocol's vocabulary, one dataclass per message.
+
 Invariant: every message is a frozen dataclass with a unique class attribute ``TAG``; the codec
 (`wire.codec`) maps tags to classes through ``MESSAGE_TYPES`` and checks every field against the
 annotations declared here, so a decoded message always has the types it says it has.
