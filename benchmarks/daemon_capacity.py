@@ -4,9 +4,10 @@ limit, until the generator itself cannot keep up. Does goodput hold past the kne
     python -m benchmarks.daemon_capacity [--quick] [--sizes 602kb,16b] [--daemon-python PY]
 
 One daemon per row size, one simulated executor sped up 100x (``slowdown`` 0.01, so the
-executor is never the limit), one model, SLO 100 ms; open-loop Poisson from `clockwork-async
-bench`, pinned to CPU 0 (the controller's CPU) at nice 10. Row sizes: ``602kb`` (the
-``resnet50-v100`` profile: one 3x224x224 float32 image) and ``16b`` (``tiny-sim``: 4 floats).
+executor is never the limit) pinned to CPU 1, one model, SLO 100 ms; open-loop Poisson from
+`clockwork-async bench`, pinned to CPU 0 (the controller's CPU) at nice 10. Row sizes:
+``602kb`` (the ``resnet50-v100`` profile: one 3x224x224 float32 image) and ``16b``
+(``tiny-sim``: 4 floats).
 
 In the same run, a raw ingest reference: a small server (its own process, the project's codec
 and `connection`) that reads the same frames and answers each with a short ``ok`` reply, driven
@@ -53,9 +54,11 @@ SLOWDOWN = 0.01
 SUSTAINED = 0.95  # of the scheduled rate: below, the generator could not keep the step
 KNEE_GOODPUT = 0.99
 INGEST_READY = "ingest listening on "
+EXECUTOR_CPU = 1  # the controller pins itself to CPU 0, which the generator shares
 EXECUTOR = f"""
 [[executors]]
 backend = "simulated"
+cpus = [{EXECUTOR_CPU}]
 page_bytes = 4194304
 weights_bytes = 536870912
 slowdown = {SLOWDOWN}

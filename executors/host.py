@@ -1,21 +1,21 @@
-"""The executor host: the registry of models, their states, page accounting and action dispatch
-to lanes. Transport-free: `main.py` feeds it decoded actions and sends back its replies.
+"""The executor host: the model registry and page cache, changed by actions run in lane order.
+
+One idea: what each action does to the executor's models and pages; every part of this module
+is a step of one action (dispatch, run or reject, the action itself, its one reply). The lane
+rules are `lane_rules`, the model state machine `model_entry`. Transport-free:
+`controller_link.py` feeds it decoded actions and sends back its replies.
 
 Invariants:
 - Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), delivered on
   the event loop thread through ``post``; every `ActionResult` carries ``pages_free``.
-- A model moves only along ``REGISTERING -> REGISTERED -> LOADING -> LOADED -> UNLOADING ->
-  REGISTERED`` (plus ``LOADING -> REGISTERED`` when a load fails, and out of the registry from
-  ``REGISTERING`` or ``REGISTERED``); any other move raises `InvalidTransition`.
-- Lanes: LOAD runs in the ``load`` lane; INFER and UNLOAD in the ``execute`` lane, so an
-  UNLOAD never runs while an INFER of its model is running. An UNLOAD goes ahead of the
-  INFERs waiting there (it starts when the running action ends), and an INFER ordered behind
-  the UNLOAD of its model answers NOT_LOADED. RegisterModel/UnregisterModel run in a private
-  ``register`` lane so reading model files never delays a timed action.
-- A controller evicts by sending UNLOADs and then, at once, the LOAD that needs their pages.
-  A LOAD that finds too few free pages while UNLOADs of loaded models are pending waits for
-  them (at most ``UNLOAD_WAIT_S``) before it answers NO_PAGES, so it is not refused for
-  pages the UNLOADs delivered before it are about to free.
+- A model moves only as `model_entry` allows (``REGISTERING -> REGISTERED -> LOADING ->
+  LOADED -> UNLOADING -> REGISTERED`` and the failure moves); any other move raises.
+- Lanes, windows, order and when a LOAD waits for pages are the pure `lane_rules` (shared
+  with the simulator): LOAD in the ``load`` lane, INFER and UNLOAD in the ``execute`` lane, an
+  UNLOAD ahead of the INFERs waiting there, so an INFER ordered behind the UNLOAD of its model
+  answers NOT_LOADED; a LOAD short of pages while UNLOADs are pending waits for them (at most
+  ``UNLOAD_WAIT_NS``). RegisterModel/UnregisterModel run in a private ``register`` lane so
+  reading model files never delays a timed action.
 - UNLOAD releases the backend's session (``backend.unload``) before its pages go back to the
   cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
   a session can still read it. The host never evicts on its own.
@@ -30,13 +30,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
+from dataclasses import replace
 from functools import partial
 from typing import TypeVar
 
 import numpy as np
 
+from clockwork_async.lane_rules import (
+    EXECUTE_LANE,
+    LANE_OF,
+    REGISTER_LANE,
+    UNLOAD_WAIT_NS,
+    UNTIMED,
+    ActionKind,
+    LoadVerdict,
+    load_verdict,
+)
 from clockwork_async.wire.messages import (
     ActionResult,
     ErrorCode,
@@ -53,7 +62,8 @@ from clockwork_async.wire.messages import (
 )
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
-from .lanes import NEVER_NS, Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
+from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
+from .model_entry import ModelEntry, ModelState
 from .pages import NoPages, PageCache
 from .validation import Refused, validate_inputs, validate_window
 
@@ -64,57 +74,7 @@ Post = Callable[[Callable[[], None]], object]  # run a callable on the event loo
 ExecutorAction = RegisterModel | UnregisterModel | Load | Infer | Unload | GetState
 
 A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
-
-REGISTER_LANE = "register"
-LOAD_LANE = "load"
-EXECUTE_LANE = "execute"
-UNLOAD_WAIT_S = 2.0  # the longest a LOAD waits for pending UNLOADs to free its pages
-
-
-class ModelState(StrEnum):
-    REGISTERING = "registering"
-    REGISTERED = "registered"
-    LOADING = "loading"
-    LOADED = "loaded"
-    UNLOADING = "unloading"
-
-
 _S = ModelState
-_ALLOWED_MOVES: frozenset[tuple[ModelState | None, ModelState | None]] = frozenset(
-    {
-        (None, _S.REGISTERING),
-        (_S.REGISTERING, _S.REGISTERED),
-        (_S.REGISTERING, None),
-        (_S.REGISTERED, _S.LOADING),
-        (_S.LOADING, _S.LOADED),
-        (_S.LOADING, _S.REGISTERED),
-        (_S.LOADED, _S.UNLOADING),
-        (_S.UNLOADING, _S.REGISTERED),
-        (_S.UNLOADING, _S.LOADED),  # the backend failed to release: keep the pages
-        (_S.REGISTERED, None),
-    }
-)
-
-
-class InvalidTransition(RuntimeError):
-    """A model state move that the state machine forbids (a bug in the host)."""
-
-
-@dataclass(slots=True)
-class ModelEntry:
-    """One model in the registry. ``runs`` are its pages while LOADING/LOADED/UNLOADING."""
-
-    name: str
-    state: ModelState | None = None
-    registered: RegisteredModel | None = None
-    loaded: LoadedModel | None = None
-    runs: tuple[PageRun, ...] = field(default=())
-
-    def move(self, to: ModelState | None) -> None:
-        """Change state. Raises InvalidTransition for a move the state machine forbids."""
-        if (self.state, to) not in _ALLOWED_MOVES:
-            raise InvalidTransition(f"model {self.name!r}: {self.state} -> {to} is not allowed")
-        self.state = to
 
 
 class ExecutorHost:
@@ -252,24 +212,23 @@ class ExecutorHost:
         if isinstance(action, GetState):
             reply(self.state(action.action_id))
         elif isinstance(action, RegisterModel):
-            self._enqueue(REGISTER_LANE, 0, NEVER_NS, action, reply, self._register)
+            self._enqueue(ActionKind.REGISTER, UNTIMED, action, reply, self._register)
         elif isinstance(action, UnregisterModel):
-            self._enqueue(REGISTER_LANE, 0, NEVER_NS, action, reply, self._unregister)
+            self._enqueue(ActionKind.UNREGISTER, UNTIMED, action, reply, self._unregister)
         elif isinstance(action, Load):
             validate_window(action.earliest_ns, action.latest_ns)
             self._require_known(action.model)
-            self._enqueue(
-                LOAD_LANE, action.earliest_ns, action.latest_ns, action, reply, self._load
-            )
+            window = (action.earliest_ns, action.latest_ns)
+            self._enqueue(ActionKind.LOAD, window, action, reply, self._load)
         elif isinstance(action, Infer):
             validate_window(action.earliest_ns, action.latest_ns)
             validate_inputs(self._require_known(action.model), action.batch_size, action.inputs)
             window = (action.earliest_ns, action.latest_ns)
-            self._enqueue(EXECUTE_LANE, *window, action, reply, self._infer)
+            self._enqueue(ActionKind.INFER, window, action, reply, self._infer)
         else:
             self._require_known(action.model)
             self._expect_unload(action.model)
-            self._enqueue(EXECUTE_LANE, 0, NEVER_NS, action, reply, self._unload)
+            self._enqueue(ActionKind.UNLOAD, UNTIMED, action, reply, self._unload)
 
     def _expect_unload(self, name: str) -> None:
         """Note that the pages of ``name`` (if loaded) are about to be freed."""
@@ -288,13 +247,13 @@ class ExecutorHost:
 
     def _enqueue(
         self,
-        lane_name: str,
-        earliest_ns: int,
-        latest_ns: int,
+        kind: ActionKind,
+        window: tuple[int, int],
         action: A,
         reply: Reply,
         perform: Callable[[A, int], Message],
     ) -> None:
+        earliest_ns, latest_ns = window
         job = LaneJob(
             earliest_ns=earliest_ns,
             latest_ns=latest_ns,
@@ -302,7 +261,7 @@ class ExecutorHost:
             reject=partial(self._reject_job, action.action_id, latest_ns, reply),
         )
         try:
-            self._lanes[lane_name].submit(job)
+            self._lanes[LANE_OF[kind]].submit(job)
         except (LaneClosed, KeyError):
             raise Refused(ErrorCode.INTERNAL, "the executor is shutting down") from None
 
@@ -425,26 +384,42 @@ class ExecutorHost:
 
     def _take_pages(self, name: str) -> tuple[ModelEntry, RegisteredModel, list[PageRun]]:
         """Move ``name`` to LOADING holding fresh pages, waiting while pending UNLOADs may free
-        them. Raises Refused (UNKNOWN_MODEL, ALREADY_LOADED, NO_PAGES)."""
-        deadline_s = time.monotonic() + UNLOAD_WAIT_S
+        them (`lane_rules.load_verdict`). Raises Refused (UNKNOWN_MODEL, ALREADY_LOADED,
+        NO_PAGES)."""
+        started_ns = time.monotonic_ns()
         with self._lock:
             while True:  # the model is looked at again after each wait
                 entry = self._entry(name)
-                registered = entry.registered
-                if entry.state is not _S.REGISTERED or registered is None:
-                    raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
-                try:
-                    runs = self._pages.allocate(registered.run_pages)
+                registered = entry.registered if entry.state is _S.REGISTERED else None
+                runs, short = self._try_allocate(registered)
+                waited_ns = time.monotonic_ns() - started_ns
+                verdict = load_verdict(
+                    registered=registered is not None,
+                    pages_fit=runs is not None,
+                    unloads_pending=bool(self._unloading) and not self._closed,
+                    waited_ns=waited_ns,
+                )
+                if verdict is LoadVerdict.START:
                     break
-                except NoPages as error:
-                    left_s = deadline_s - time.monotonic()
-                    if not self._unloading or self._closed or left_s <= 0:
-                        message = f"model {name!r} {error.message}"
-                        raise Refused(ErrorCode.NO_PAGES, message) from None
-                self._pages_freed.wait(left_s)
+                if verdict is LoadVerdict.ALREADY_LOADED:
+                    raise Refused(ErrorCode.ALREADY_LOADED, f"model {name!r} is {entry.state}")
+                if verdict is LoadVerdict.NO_PAGES:
+                    raise Refused(ErrorCode.NO_PAGES, f"model {name!r} {short}")
+                self._pages_freed.wait((UNLOAD_WAIT_NS - waited_ns) / 1e9)
+            assert registered is not None and runs is not None  # START: both there
             entry.runs = tuple(runs)
             entry.move(_S.LOADING)
             return entry, registered, runs
+
+    def _try_allocate(self, registered: RegisteredModel | None) -> tuple[list[PageRun] | None, str]:
+        """Holding the lock: fresh pages for ``registered`` (None: no model, or pages short)
+        and, when short, why."""
+        if registered is None:
+            return None, ""
+        try:
+            return self._pages.allocate(registered.run_pages), ""
+        except NoPages as error:
+            return None, error.message
 
     def _infer(self, action: Infer, start_ns: int) -> Message:
         with self._lock:

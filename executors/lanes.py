@@ -2,37 +2,36 @@
 
 Invariants:
 - A lane runs at most one job at a time, in its own thread, never the event loop's.
-- Among waiting jobs the one with the smallest ``earliest_ns`` goes next; ties go in order of
-  arrival. A job never starts before its ``earliest_ns``.
-- A job that cannot start by its ``latest_ns`` is rejected (``TOO_LATE``) without running.
+- Jobs go in the order of `lane_rules.LaneQueue` (smallest ``earliest_ns`` first, ties in
+  order of arrival, never before ``earliest_ns``); a job that cannot start by its
+  ``latest_ns`` is rejected (``TOO_LATE``) without running.
 - Every submitted job gets exactly one callback: ``run`` or ``reject`` (too late, or the lane
   closed before it started). Callbacks run in the lane thread; posting results to the event
   loop is the caller's business (`host.py` uses ``loop.call_soon_threadsafe``).
 - ``close`` lets the running job finish, rejects the queued ones and joins the thread.
 
-The ordering logic is the pure `LaneQueue` (tested exactly on a virtual clock); `Lane` drives
-it in real time through a `LaneClock` (real: sleep, then spin the last ``SPIN_NS``). A
-``background`` lane's thread runs ``SCHED_IDLE``, so the event loop preempts its work at once
-(`precise.run_in_background`; the executor asks for it when pinned).
+The ordering is the pure `lane_rules.LaneQueue`, which the simulator drives on its virtual
+clock; `Lane` drives it in real time through a `LaneClock` (real: sleep, then spin the last
+``SPIN_NS``). A ``background`` lane's thread runs ``SCHED_IDLE``, so the event loop preempts
+its work at once (`precise.run_in_background`; the executor asks for it when pinned).
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
+
+from clockwork_async.lane_rules import NEVER_NS, LaneQueue, RejectJob, RunJob, Step, WaitUntil
 
 from .precise import SPIN_NS, reduce_timer_slack, run_in_background, spin_until, yield_while
 
 log = logging.getLogger(__name__)
-
-NEVER_NS = 2**63 - 1  # a latest_ns that never passes
 
 
 class Rejection(StrEnum):
@@ -60,64 +59,6 @@ def _never_called(*_args: object) -> None:
 
 
 CLOSE_LANE = LaneJob(NEVER_NS, NEVER_NS, _never_called, _never_called)  # the inbox's last item
-
-
-@dataclass(frozen=True, slots=True)
-class RunJob:
-    job: LaneJob
-
-
-@dataclass(frozen=True, slots=True)
-class RejectJob:
-    job: LaneJob
-
-
-@dataclass(frozen=True, slots=True)
-class WaitUntil:
-    time_ns: int
-
-
-Step = RunJob | RejectJob | WaitUntil | None  # None: nothing queued
-
-
-@dataclass(order=True, slots=True)
-class _Entry:
-    earliest_ns: int
-    seq: int
-    job: LaneJob = field(compare=False)
-
-
-class LaneQueue:
-    """Pure ordering of a lane's jobs: a heap by (earliest_ns, arrival)."""
-
-    def __init__(self) -> None:
-        self._heap: list[_Entry] = []
-        self._seq = 0
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def push(self, job: LaneJob) -> None:
-        heapq.heappush(self._heap, _Entry(job.earliest_ns, self._seq, job))
-        self._seq += 1
-
-    def next_step(self, now_ns: int) -> Step:
-        """What to do at ``now_ns``: run or reject the head (popping it), wait until the head
-        is due, or None when empty."""
-        if not self._heap:
-            return None
-        head = self._heap[0].job
-        if now_ns > head.latest_ns:
-            heapq.heappop(self._heap)
-            return RejectJob(head)
-        if now_ns >= head.earliest_ns:
-            heapq.heappop(self._heap)
-            return RunJob(head)
-        return WaitUntil(head.earliest_ns)
-
-    def drain(self) -> list[LaneJob]:
-        """Remove and return every queued job, in lane order."""
-        return [heapq.heappop(self._heap).job for _ in range(len(self._heap))]
 
 
 class LaneClock(Protocol):
@@ -187,7 +128,7 @@ class Lane:
         self._spin_ns = spin_ns
         self._background = background  # the thread runs SCHED_IDLE (precise.py)
         self._ready = threading.Event()  # the thread has set its timer slack and priority
-        self._queue = LaneQueue()  # the lane thread's own
+        self._queue: LaneQueue[LaneJob] = LaneQueue()  # the lane thread's own
         self._inbox: queue.SimpleQueue[LaneJob] = queue.SimpleQueue()
         self._submitting = threading.Lock()  # a submit never lands behind CLOSE_LANE
         self._closing = False
@@ -230,7 +171,7 @@ class Lane:
             else:
                 _guarded(step.job.reject, Rejection.TOO_LATE, self._clock.now_ns())
 
-    def _next_due(self) -> RunJob | RejectJob | None:
+    def _next_due(self) -> RunJob[LaneJob] | RejectJob[LaneJob] | None:
         """Block until a job is due (to run or to reject); None once closing."""
         while True:
             step = self._await_step()
@@ -238,7 +179,7 @@ class Lane:
                 return step
             self._clock.spin_until(step.time_ns)  # submits land in the inbox meanwhile
 
-    def _await_step(self) -> Step:
+    def _await_step(self) -> Step[LaneJob]:
         """Sleep until a step is due or within the spin margin; None once CLOSE_LANE came."""
         open_ = self._take_arrivals()
         while open_:
@@ -267,7 +208,7 @@ class Lane:
         if item is CLOSE_LANE:
             return False
         if item is not None:
-            self._queue.push(item)
+            self._queue.push(item, item.earliest_ns, item.latest_ns)
         return True
 
     def _reject_queued(self) -> None:

@@ -1,5 +1,9 @@
 """The ONNX Runtime (CPU) backend: sessions whose weights live in the arena pages, unmoved.
 
+One idea: the CPU backend of the `Backend` protocol; the helpers here (host images, session
+options, example feeds, the prepacking measurement) exist for its REGISTER and LOAD, and the
+IO-bound backend reuses them.
+
 Recipe (measured in /work/shared/MACHINE-NOTES.md and re-checked by the tests):
 
 - REGISTER optimises the model once with ONNX Runtime (``ORT_ENABLE_ALL``, on this CPU; the
@@ -17,6 +21,8 @@ Recipe (measured in /work/shared/MACHINE-NOTES.md and re-checked by the tests):
   sequential execution, ``intra_op_num_threads`` as configured and intra-op spinning off.
 - UNLOAD drops the session and every ``OrtValue``: nothing can read the pages afterwards; the
   handle then refuses to run (NOT_LOADED).
+- Registered models and their files are kept by `model_registry` (shared by every backend):
+  a model this backend did not register is UNKNOWN_MODEL.
 
 Prepacking. With prepacking on, ONNX Runtime copies the B operand of Gemm/MatMul out of the
 arena into its own packed buffers (checked: perturbing the arena then changes nothing for those
@@ -36,11 +42,7 @@ are in docs/architecture.md ("ONNX Runtime backend: weights in the arena").
 
 from __future__ import annotations
 
-import itertools
 import re
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,11 +56,13 @@ import onnx
 # sorts it as first-party only because executors/ is one of its source roots.)
 import onnxruntime as ort
 
+from clockwork_async.core.percentile import percentile_of
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from . import ort_graph
 from .arena import TensorPlacement, layout_tensors
 from .backend import Arena, BackendError, PageRun, RegisteredModel
+from .model_registry import ModelFiles, ModelRegistry
 from .ort_graph import DEFAULT_BATCH_SIZES as DEFAULT_BATCH_SIZES
 from .ort_graph import PLACEHOLDER_NAME
 
@@ -189,7 +193,7 @@ def example_feeds(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.
 
 
 def _time_runs_ns(sessions: Sequence[ort.InferenceSession], feeds: Mapping[str, Any]) -> list[int]:
-    """Median run time of each session, timed alternately after warm-up runs."""
+    """Median (nearest rank) run time of each session, timed alternately after warm-up runs."""
     for session in sessions:
         for _ in range(PREPACK_WARMUP_RUNS):
             session.run(None, feeds)
@@ -199,7 +203,7 @@ def _time_runs_ns(sessions: Sequence[ort.InferenceSession], feeds: Mapping[str, 
             start_ns = time.perf_counter_ns()
             session.run(None, feeds)
             times.append(time.perf_counter_ns() - start_ns)
-    return [int(np.median(times)) for times in samples]
+    return [percentile_of(times, 50.0) for times in samples]
 
 
 def _prepack_variants(prepacking: Prepacking, packable_bytes: int) -> list[bool]:
@@ -247,13 +251,11 @@ class OnnxRuntimeBackend:
         self.intra_op_threads = intra_op_threads
         self.prepacking: Prepacking = prepacking
         self.kind = f"onnxruntime-{ort.__version__}-cpu-{cpu_kind_name()}-t{intra_op_threads}"
-        self._owns_work_dir = work_dir is None
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="clockwork-onnxruntime-"))
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        (self.work_dir / PLACEHOLDER_NAME).touch()
-        self._registered: dict[int, OrtRegisteredModel] = {}  # id() -> model
-        self._file_numbers = itertools.count()
-        self._lock = threading.Lock()  # register may run beside load/infer in other lanes
+        self._files = ModelFiles(
+            work_dir, prefix="clockwork-onnxruntime-", placeholders=(PLACEHOLDER_NAME,)
+        )
+        self.work_dir = self._files.path
+        self._registered = ModelRegistry(OrtRegisteredModel)
 
     # Registration.
 
@@ -264,7 +266,7 @@ class OnnxRuntimeBackend:
         inputs, outputs = ort_graph.graph_specs(source, path)
         batches = ort_graph.batch_sizes(inputs + outputs, batch_sizes, path)
         del source
-        stem = self._file_stem(name)
+        stem = self._files.stem(name)
         graph = ort_graph.optimise(path, self.work_dir / f"{stem}.optimised.onnx")
         stripped, inline_bytes = ort_graph.strip(graph)
         run_pages, placements = layout_tensors(
@@ -292,14 +294,8 @@ class OnnxRuntimeBackend:
         except BaseException:
             graph_path.unlink(missing_ok=True)
             raise
-        with self._lock:
-            self._registered[id(model)] = model
+        self._registered.add(model)
         return model
-
-    def _file_stem(self, name: str) -> str:
-        with self._lock:
-            number = next(self._file_numbers)
-        return f"{number:05d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}"
 
     def _decide_prepacking(self, model: OrtRegisteredModel, packable_bytes: int, path: str) -> None:
         """Set ``prepacked``, ``extra_host_bytes`` and ``prepack_measurement`` on ``model``,
@@ -325,19 +321,7 @@ class OnnxRuntimeBackend:
 
     def unregister(self, model: RegisteredModel) -> None:
         """Forget ``model`` and delete its stripped graph. Raises BackendError(UNKNOWN_MODEL)."""
-        registered = self._own(model)
-        with self._lock:
-            del self._registered[id(registered)]
-        registered.graph_path.unlink(missing_ok=True)
-
-    def _own(self, model: RegisteredModel) -> OrtRegisteredModel:
-        with self._lock:
-            registered = self._registered.get(id(model))
-        if registered is not model or not isinstance(registered, OrtRegisteredModel):
-            raise BackendError(
-                ErrorCode.UNKNOWN_MODEL, f"model {model.name!r} is not registered with this backend"
-            )
-        return registered
+        self._registered.remove(model).graph_path.unlink(missing_ok=True)
 
     # Sessions.
 
@@ -357,7 +341,7 @@ class OnnxRuntimeBackend:
     ) -> tuple[OrtLoadedModel, dict[str, int]]:
         """Copy the weights into ``runs`` and create a session bound to them. Returns the
         loaded model and {"load": ns}. Raises BackendError (UNKNOWN_MODEL, INTERNAL)."""
-        registered = self._own(model)
+        registered = self._registered.own(model)
         if tuple(run.count for run in runs) != registered.run_pages:
             raise BackendError(
                 ErrorCode.INTERNAL,
@@ -445,12 +429,6 @@ class OnnxRuntimeBackend:
 
     def close(self) -> None:
         """Forget every model and delete the files this backend wrote."""
-        with self._lock:
-            models = list(self._registered.values())
-            self._registered.clear()
-        for model in models:
+        for model in self._registered.clear():
             model.graph_path.unlink(missing_ok=True)
-        if self._owns_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-        else:
-            (self.work_dir / PLACEHOLDER_NAME).unlink(missing_ok=True)
+        self._files.close()

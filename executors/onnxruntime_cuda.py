@@ -19,14 +19,10 @@ Invariants:
   buffer) plus ONNX Runtime's capped per-session arena; host images of registered weights are
   pinned and kept from REGISTER to UNREGISTER; one pinned staging buffer as large as the IO
   buffer carries every INFER's bytes.
-- REGISTER optimises the model once for this device (``ORT_ENABLE_EXTENDED``, else
-  ``ORT_ENABLE_BASIC``), then runs every batch size once in a throwaway session with the
-  weights bound from host memory, on its own stream: the graph must run, and the exact output
-  shapes fix each batch size's `IoLayout`. In "inputs" mode it then creates the serving
+- REGISTER is `ort_cuda_register` (optimise for this device, pinned images, one probe run
+  per batch size on its own stream); in "inputs" mode the backend then creates the serving
   session (on the execute stream, cuDNN's exhaustive algorithm search at each batch size's
   first INFER: the profiler's warm-up runs pay it).
-  A batch size whose IO does not fit the IO buffer is dropped from the defaults, or is
-  BAD_MODEL when asked for; models with dynamic non-batch input axes are BAD_MODEL.
 - LOAD copies on the load stream, INFER on the execute stream (ONNX Runtime's compute stream
   too), so a LOAD never waits for an INFER nor delays one beyond the shared PCIe link. Each
   phase ends synchronized: ``durations_ns`` are host clock (``load``; ``copy_in``,
@@ -35,76 +31,42 @@ Invariants:
 - Only the execute lane runs INFER, so one INFER at a time owns the IO buffer and staging.
 - UNLOAD drops the binding (and in "initializers" mode the session and its OrtValues):
   nothing can read the pages afterwards; the handle then answers NOT_LOADED.
+- Registered models and their files are kept by `model_registry` (shared by every backend):
+  a model this backend did not register is UNKNOWN_MODEL.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import re
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
-import onnx
 
 # The installed library, not the sibling module of the same name.
 import onnxruntime as ort
 
-from clockwork_async.wire.messages import ErrorCode, TensorSpec
+from clockwork_async.wire.messages import ErrorCode
 
-from . import ort_graph
-from .arena import layout_tensors
 from .backend import BackendError, PageRun, RegisteredModel
 from .cuda_arena import CudaUnavailable, plan_pools
 from .device_ops import DeviceOps, buffer_address, open_cuda
-from .onnxruntime import HostTensor, example_feeds, host_run_images, ort_error, session_options
-from .ort_binding import (
-    IoLayout,
-    io_layout,
-    split_weights,
-    weights_as_inputs,
-    weights_as_placeholders,
+from .model_registry import ModelFiles, ModelRegistry
+from .onnxruntime import ort_error
+from .ort_binding import IoLayout
+from .ort_cuda_register import (
+    WEIGHTS_MODES,
+    BoundRegistered,
+    BoundRegistrar,
+    WeightsMode,
+    bound_session,
 )
 from .ort_graph import PLACEHOLDER_NAME
 
-WeightsMode = Literal["inputs", "initializers"]
-WEIGHTS_MODES: tuple[WeightsMode, ...] = ("inputs", "initializers")
-# Graph optimisation at REGISTER, tried in order (the second if a level cannot be saved).
-OPTIMISATION_LEVELS = (
-    ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-)
 # INFER's marks: before copy-in, after it, before the run, after it, after copy-out.
 GPU_PHASE_MARKS = {"copy_in_gpu": (0, 1), "execute_gpu": (2, 3), "copy_out_gpu": (3, 4)}
-
-
-@dataclass(eq=False, slots=True)
-class BoundRegistered:
-    """A registered model: its graphs on disk, its weights in pinned host images."""
-
-    name: str
-    weights_bytes: int
-    run_pages: tuple[int, ...]
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    batch_sizes: tuple[int, ...]
-    graph_path: Path  # weights as graph inputs
-    placeholder_path: Path | None  # weights as placeholder initializers ("initializers")
-    tensors: tuple[HostTensor, ...]
-    images: tuple[np.ndarray, ...]
-    inline_bytes: int
-    layouts: dict[int, IoLayout] = field(default_factory=dict)
-    session: ort.InferenceSession | None = None  # "inputs": the model's one session
-
-    def files(self) -> list[Path]:
-        return [p for p in (self.graph_path, self.placeholder_path) if p is not None]
 
 
 @dataclass(eq=False, slots=True)
@@ -118,20 +80,6 @@ class BoundLoaded:
     binding: Any  # ort.IOBinding with every weight bound ("inputs") or none ("initializers")
     addresses: dict[str, int]  # weight name -> its address in the pages
     values: dict[str, Any] = field(default_factory=dict)  # "initializers": OrtValues over pages
-
-
-def _bad_input_shape(specs: Sequence[TensorSpec], path: str) -> None:
-    for spec in specs:
-        if any(dim == -1 for dim in spec.shape[1:]):
-            raise ort_graph.bad_model(
-                path,
-                f"input {spec.name!r} has a dynamic axis after the batch axis {spec.shape};"
-                " the IO-bound backend needs every other axis fixed",
-            )
-
-
-def _shape_at(spec: TensorSpec, batch_size: int) -> tuple[int, ...]:
-    return tuple(batch_size if dim == -1 else dim for dim in spec.shape)
 
 
 def ortvalue_over(view: Any) -> Any:
@@ -177,209 +125,54 @@ class BoundOrtBackend:
         self._staging = ops.host_array(io_bytes)
         self._load_stream = ops.new_stream()
         self._execute_stream = ops.new_stream()
-        self._register_stream = ops.new_stream()
-        self._owns_work_dir = work_dir is None
-        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="clockwork-onnxruntime-io-"))
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        (self.work_dir / PLACEHOLDER_NAME).touch()
-        self._registered: dict[int, BoundRegistered] = {}
-        self._file_numbers = itertools.count()
-        self._lock = threading.Lock()
+        self._files = ModelFiles(
+            work_dir, prefix="clockwork-onnxruntime-io-", placeholders=(PLACEHOLDER_NAME,)
+        )
+        self.work_dir = self._files.path
+        self._registrar = BoundRegistrar(
+            ops, self._files, self.arena.page_bytes, io_bytes, workspace_bytes, weights_mode
+        )
+        self._registered = ModelRegistry(BoundRegistered)
 
     def device_clock_mhz(self) -> int:
         """The device's SM clock now (0 where it cannot be read)."""
         return self._ops.clock_mhz()
 
-    # Sessions.
-
     def _session(
-        self,
-        path: Path,
-        stream: Any,
-        *,
-        exhaustive: bool,
-        initializers: Mapping[str, Any] | None = None,
+        self, path: Path, *, exhaustive: bool, initializers: Mapping[str, Any] | None = None
     ) -> ort.InferenceSession:
-        options = session_options(1, prepack=False)
-        for tensor_name, value in (initializers or {}).items():
-            options.add_initializer(tensor_name, value)
-        providers = self._ops.providers(stream, self.workspace_bytes, exhaustive=exhaustive)
-        with self._ops.activate():
-            return ort.InferenceSession(str(path), options, providers=providers)
-
-    def _optimise(self, path: str, optimised_path: Path) -> onnx.ModelProto:
-        """ONNX Runtime's graph of ``path`` optimised for this device: ``OPTIMISATION_LEVELS``
-        in order, the first that saves. Raises BAD_MODEL."""
-        providers = self._ops.providers(
-            self._register_stream, self.workspace_bytes, exhaustive=False
+        """A session of ``path`` on the execute stream."""
+        return bound_session(
+            self._ops,
+            self.workspace_bytes,
+            path,
+            self._execute_stream,
+            exhaustive=exhaustive,
+            initializers=initializers,
         )
-        errors = []
-        for level in OPTIMISATION_LEVELS:
-            options = ort.SessionOptions()
-            options.graph_optimization_level = level
-            options.optimized_model_filepath = str(optimised_path)
-            options.intra_op_num_threads = 1
-            options.log_severity_level = 3
-            try:
-                with self._ops.activate():
-                    ort.InferenceSession(path, options, providers=providers)
-                return onnx.load(str(optimised_path))
-            except Exception as error:  # ONNX Runtime raises its own hierarchy of pybind errors
-                errors.append(f"{level.name}: {error}")
-            finally:
-                optimised_path.unlink(missing_ok=True)
-        raise ort_graph.bad_model(path, f"ONNX Runtime cannot load it ({'; '.join(errors)})")
 
     # Registration.
 
     def register(self, name: str, path: str, batch_sizes: Sequence[int]) -> BoundRegistered:
-        """Optimise, split and lay out the model at ``path``; run each batch size once.
-        Returns the registered model. Raises BackendError(BAD_MODEL)."""
-        source = ort_graph.read_model(path)
-        inputs, outputs = ort_graph.graph_specs(source, path)
-        batches = ort_graph.batch_sizes(inputs + outputs, batch_sizes, path)
-        _bad_input_shape(inputs, path)
-        del source
-        stem = self._file_stem(name)
-        graph = self._optimise(path, self.work_dir / f"{stem}.optimised.onnx")
-        model = self._prepare(name, graph, stem, inputs, outputs)
-        try:
-            model.layouts = self._probe(model, batches, bool(batch_sizes), path)
-            model.batch_sizes = tuple(sorted(model.layouts))
-            if self.weights_mode == "inputs":
-                model.session = self._session(
-                    model.graph_path, self._execute_stream, exhaustive=True
-                )
-        except BaseException:
-            for file in model.files():
-                file.unlink(missing_ok=True)
-            raise
-        with self._lock:
-            self._registered[id(model)] = model
+        """Register the model at ``path`` (`ort_cuda_register`); in "inputs" mode also create
+        its one serving session. Returns the registered model. Raises BackendError(BAD_MODEL)."""
+        model = self._registrar.register(name, path, batch_sizes)
+        if self.weights_mode == "inputs":
+            try:
+                model.session = self._session(model.graph_path, exhaustive=True)
+            except BaseException:
+                for file in model.files():
+                    file.unlink(missing_ok=True)
+                raise
+        self._registered.add(model)
         return model
-
-    def _prepare(
-        self,
-        name: str,
-        graph: onnx.ModelProto,
-        stem: str,
-        inputs: tuple[TensorSpec, ...],
-        outputs: tuple[TensorSpec, ...],
-    ) -> BoundRegistered:
-        """Split the weights into pinned run images and write the graphs."""
-        weights, inline_bytes = split_weights(graph)
-        run_pages, placements = layout_tensors(
-            [array.nbytes for _, array in weights], self.arena.page_bytes
-        )
-        with self._ops.activate():
-            images, tensors = host_run_images(
-                weights, placements, len(run_pages), allocate=self._ops.host_array
-            )
-        names = [weight_name for weight_name, _ in weights]
-        del weights
-        placeholder_path = None
-        if self.weights_mode == "initializers":
-            placeholder = copy.deepcopy(graph)
-            weights_as_placeholders(placeholder, names)
-            placeholder_path = self.work_dir / f"{stem}.placeholders.onnx"
-            onnx.save(placeholder, str(placeholder_path))
-        weights_as_inputs(graph, names)
-        graph_path = self.work_dir / f"{stem}.onnx"
-        onnx.save(graph, str(graph_path))
-        return BoundRegistered(
-            name=name,
-            weights_bytes=sum(tensor.array.nbytes for tensor in tensors),
-            run_pages=run_pages,
-            inputs=inputs,
-            outputs=outputs,
-            batch_sizes=(),
-            graph_path=graph_path,
-            placeholder_path=placeholder_path,
-            tensors=tensors,
-            images=images,
-            inline_bytes=inline_bytes,
-        )
-
-    def _probe(
-        self, model: BoundRegistered, batches: Sequence[int], requested: bool, path: str
-    ) -> dict[int, IoLayout]:
-        """Run each batch size once with the weights bound from host memory; returns the IO
-        layout of each batch size that fits the IO buffer. Raises BAD_MODEL."""
-        try:
-            session = self._session(model.graph_path, self._register_stream, exhaustive=False)
-            binding = session.io_binding()
-            for tensor in model.tensors:
-                binding.bind_cpu_input(tensor.name, tensor.array)
-        except Exception as error:
-            raise ort_graph.bad_model(
-                path, f"its IO-bound graph does not load ({error})"
-            ) from error
-        layouts: dict[int, IoLayout] = {}
-        for batch_size in batches:
-            shapes = self._probe_run(session, binding, model, batch_size, path)
-            layout = io_layout(
-                [(s.name, s.dtype, _shape_at(s, batch_size)) for s in model.inputs],
-                [(s.name, s.dtype, shape) for s, shape in zip(model.outputs, shapes, strict=True)],
-            )
-            if layout.total_bytes <= self.io_bytes:
-                layouts[batch_size] = layout
-            elif requested:
-                raise ort_graph.bad_model(path, self._io_too_small(batch_size, layout))
-        if not layouts:
-            raise ort_graph.bad_model(path, self._io_too_small(min(batches), layout))
-        return layouts
-
-    def _probe_run(
-        self,
-        session: ort.InferenceSession,
-        binding: Any,
-        model: BoundRegistered,
-        batch_size: int,
-        path: str,
-    ) -> list[tuple[int, ...]]:
-        """Output shapes of one run at ``batch_size``. Raises BAD_MODEL."""
-        feeds = example_feeds(model.inputs, batch_size)
-        try:
-            for input_name, array in feeds.items():
-                binding.bind_cpu_input(input_name, array)
-            for spec in model.outputs:
-                binding.bind_output(spec.name, self._ops.ort_device, self._ops.device_id)
-            with self._ops.activate():
-                session.run_with_iobinding(binding)
-            shapes = [tuple(value.shape()) for value in binding.get_outputs()]
-            binding.clear_binding_outputs()
-        except Exception as error:
-            raise ort_graph.bad_model(path, f"its IO-bound graph does not run ({error})") from error
-        return shapes
-
-    def _io_too_small(self, batch_size: int, layout: IoLayout) -> str:
-        return (
-            f"batch size {batch_size} needs {layout.total_bytes} bytes of IO buffer; the "
-            f"executor has {self.io_bytes} (--io-bytes)"
-        )
-
-    def _file_stem(self, name: str) -> str:
-        with self._lock:
-            number = next(self._file_numbers)
-        return f"{number:05d}-{re.sub(r'[^A-Za-z0-9_.-]', '_', name)[:64]}"
 
     def unregister(self, model: RegisteredModel) -> None:
         """Forget ``model``: its session, pinned images and files. Raises UNKNOWN_MODEL."""
-        registered = self._own(model)
-        with self._lock:
-            del self._registered[id(registered)]
+        registered = self._registered.remove(model)
         registered.session = None
         for file in registered.files():
             file.unlink(missing_ok=True)
-
-    def _own(self, model: RegisteredModel) -> BoundRegistered:
-        with self._lock:
-            registered = self._registered.get(id(model))
-        if registered is not model or not isinstance(registered, BoundRegistered):
-            raise BackendError(
-                ErrorCode.UNKNOWN_MODEL, f"model {model.name!r} is not registered with this backend"
-            )
-        return registered
 
     # LOAD and UNLOAD.
 
@@ -388,7 +181,7 @@ class BoundOrtBackend:
     ) -> tuple[BoundLoaded, dict[str, int]]:
         """Copy the weights into ``runs`` and bind them. Returns the loaded model and
         {"load": ns} (plus "load_gpu" on CUDA). Raises BackendError (UNKNOWN_MODEL, INTERNAL)."""
-        registered = self._own(model)
+        registered = self._registered.own(model)
         if tuple(run.count for run in runs) != registered.run_pages:
             raise BackendError(
                 ErrorCode.INTERNAL,
@@ -430,10 +223,7 @@ class BoundOrtBackend:
         if self.weights_mode == "initializers":
             assert registered.placeholder_path is not None
             session = self._session(
-                registered.placeholder_path,
-                self._execute_stream,
-                exhaustive=False,
-                initializers=values,
+                registered.placeholder_path, exhaustive=False, initializers=values
             )
             return BoundLoaded(
                 registered, registered, runs, session, session.io_binding(), addresses, values
@@ -554,17 +344,11 @@ class BoundOrtBackend:
 
     def close(self) -> None:
         """Forget every model, delete the files this backend wrote, drop the pools."""
-        with self._lock:
-            models = list(self._registered.values())
-            self._registered.clear()
-        for model in models:
+        for model in self._registered.clear():
             model.session = None
             for file in model.files():
                 file.unlink(missing_ok=True)
-        if self._owns_work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
-        else:
-            (self.work_dir / PLACEHOLDER_NAME).unlink(missing_ok=True)
+        self._files.close()
         self.arena.close()
         self._io = None
         self._ops.close()

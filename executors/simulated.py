@@ -10,6 +10,8 @@ Invariants:
 - LOAD and INFER take the profile's duration x ``slowdown`` x (1 + ``noise`` x N(0, 1), at
   least 0), waited precisely; the reported durations are measured, not the profile's.
   Noise is seeded: one generator per lane, so a seed gives the same sequence per lane.
+- Registered models are held in the backends' one `model_registry.ModelRegistry`: a model
+  this backend did not register (or already forgot) is UNKNOWN_MODEL.
 - Outputs are deterministic: ``output[b, k] = k`` except ``output[b, 0]``, the first input
   value of item ``b`` (so a test can tell batch rows apart).
 
@@ -38,6 +40,7 @@ from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from .arena import CountingArena, pages_for
 from .backend import Arena, BackendError, LoadedModel, PageRun, RegisteredModel
+from .model_registry import ModelRegistry
 from .precise import precise_wait_ns
 
 OUTPUT_CLASSES = 1000
@@ -145,6 +148,7 @@ class SimulatedBackend:
         self._slowdown = slowdown
         self._wait_ns = wait_ns
         self._profiles = {**BUILTIN_PROFILES, **(profiles or {})}
+        self._registered = ModelRegistry(SimRegistered)
         load_seed, execute_seed = np.random.SeedSequence(seed).spawn(2)
         self._load_rng = np.random.default_rng(load_seed)
         self._execute_rng = np.random.default_rng(execute_seed)
@@ -167,7 +171,7 @@ class SimulatedBackend:
         if unknown:
             raise _bad_model(f"profile {profile.name!r} has no duration for batch sizes {unknown}")
         pages = pages_for(profile.weights_bytes, self.arena.page_bytes)
-        return SimRegistered(
+        model = SimRegistered(
             name=name,
             weights_bytes=profile.weights_bytes,
             run_pages=(1,) * pages,
@@ -176,9 +180,12 @@ class SimulatedBackend:
             batch_sizes=tuple(sorted(batch_sizes)) or profile.batch_sizes,
             profile=profile,
         )
+        self._registered.add(model)
+        return model
 
     def unregister(self, model: RegisteredModel) -> None:
-        """Nothing is held per registered model."""
+        """Forget ``model``. Raises BackendError(UNKNOWN_MODEL)."""
+        self._registered.remove(model)
 
     def _duration_ns(self, base_ns: int, rng: np.random.Generator) -> int:
         factor = self._slowdown
@@ -190,7 +197,7 @@ class SimulatedBackend:
         self, model: RegisteredModel, runs: Sequence[PageRun]
     ) -> tuple[SimLoaded, dict[str, int]]:
         """Wait the profile's LOAD time. Returns the loaded model and ``{"load": ns}``."""
-        registered = _as_sim(model)
+        registered = self._registered.own(model)
         if [run.count for run in runs] != list(registered.run_pages):
             raise BackendError(ErrorCode.INTERNAL, f"runs {runs} do not fit {registered.name!r}")
         load_ns = self._wait_ns(self._duration_ns(registered.profile.load_ns, self._load_rng))
@@ -201,7 +208,7 @@ class SimulatedBackend:
     ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
         """Wait the profile's execute time for ``batch_size``. Returns deterministic outputs
         and measured ``copy_in``/``execute``/``copy_out`` durations."""
-        model = _as_sim(loaded.model)
+        model = self._registered.own(loaded.model)
         start_ns = time.monotonic_ns()
         first_values = np.asarray(inputs["input"]).reshape(batch_size, -1)[:, 0]
         copied_ns = time.monotonic_ns()
@@ -222,13 +229,8 @@ class SimulatedBackend:
         """Nothing reads simulated pages; releasing is immediate."""
 
     def close(self) -> None:
+        self._registered.clear()
         self.arena.close()
-
-
-def _as_sim(model: RegisteredModel) -> SimRegistered:
-    if not isinstance(model, SimRegistered):
-        raise BackendError(ErrorCode.INTERNAL, f"{model!r} is not a simulated model")
-    return model
 
 
 def make_simulated_backend(

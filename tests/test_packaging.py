@@ -114,6 +114,25 @@ def test_systemd_analyze_verify_is_clean(checkable_unit: Path) -> None:
 
 
 @needs_systemd_analyze
+@pytest.mark.skipif(Path("/usr/bin/clockwork-async").exists(), reason="installed here")
+def test_verify_of_the_shipped_unit_fails_only_as_its_comment_and_the_docs_say(
+    tmp_path: Path,
+) -> None:
+    shipped = tmp_path / UNIT.name
+    shipped.write_text(UNIT.read_text())
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(shipped)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    said = "Command /usr/bin/clockwork-async is not executable"
+    assert f"{UNIT.name}: {said}: No such file or directory" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr  # that and nothing else
+    assert said in UNIT.read_text()
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    assert f"`{said}: No such file or directory`" in " ".join(operations.split())
+
+
+@needs_systemd_analyze
 def test_systemd_analyze_security_exposure_is_at_most_3(checkable_unit: Path) -> None:
     result = subprocess.run(
         ["systemd-analyze", "security", "--offline=true", str(checkable_unit)],

@@ -226,6 +226,18 @@ def test_replacing_a_model_swaps_the_whole_folder(
     assert sorted(os.listdir(root)) == ["m"]
 
 
+def test_a_folder_keeps_its_version_and_a_bad_version_file_is_named(root: Path) -> None:
+    repository = Repository(root)
+    assert repository.add("m", onnx_bytes(["N", 4])).version == 1
+    assert not (root / "m" / "version").exists()  # 1 needs no file
+    assert repository.add("m", onnx_bytes(["N", 4]), version=3).version == 3
+    assert Repository(root).get("m").version == 3  # read back by a new instance
+    assert repository.has("m") and not repository.has("n")
+    (root / "m" / "version").write_text("³\n")
+    with pytest.raises(InvalidModel, match="m/version must hold an integer"):
+        Repository(root).get("m")
+
+
 def test_add_refuses_garbage_oversize_and_external_data(root: Path) -> None:
     repository = Repository(root, max_model_bytes=4096)
     with pytest.raises(InvalidModel, match="not an ONNX"):

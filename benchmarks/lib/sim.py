@@ -183,11 +183,13 @@ def run_sim(
     core: Mapping[str, Any] | None = None,
     count_cold: bool = True,
     noise: float = 0.0,
+    seed: int = 0,
 ) -> SimRun:
     """One simulation of ``workload``; the summary is `sim.report.summarize`'s plus the policy,
     the process's CPU seconds and (``count_cold``) ``cold_arrivals``.
     ``noise`` is the executors' relative standard deviation of durations (`SimConfig.noise`;
-    0: exactly the profile). ``count_cold`` tallies how cold arrivals ended (`ColdOutcomes`,
+    0: exactly the profile). ``seed`` is `SimConfig.seed` (the workload's draws and the noise).
+    ``count_cold`` tallies how cold arrivals ended (`ColdOutcomes`,
     a little engine work per reply). Raises ValueError on bad settings (from SimConfig /
     ControllerConfig)."""
     duration_s = workload.duration_ns / NS_PER_S
@@ -200,6 +202,7 @@ def run_sim(
         progress_s=progress_s,
         preload=preload,
         noise=noise,
+        seed=seed,
     )
     controller = build_controller(policy, core)
     timer = TimedController(controller) if timed else None
@@ -218,6 +221,7 @@ def run_sim(
         "slo_ms": slo_ms,
         "preload": preload,
         "noise": noise,
+        "seed": seed,
     }
     summary = summarize(stats, workload.duration_ns, settings, workload.describe())
     summary["policy"] = policy

@@ -1,7 +1,10 @@
 """``clockwork-async bench``: a load generator against a running daemon.
 
 Modes: open-loop Poisson (``--rate``), replay of an Azure Functions trace (``--trace``; the
-workloads of `sim.workloads`, drawn on the same schedule the simulator uses), or closed loop
+workloads of `sim.workloads`, drawn on the same schedule the simulator uses), replay of a
+per-request log (``--replay FILE.csv``, `sim.replay`: its times scaled by ``--time-scale``, its
+models mapped onto ``--models`` by name or else round-robin, its ``slo_ms`` per request), or
+closed loop
 (``--concurrency N``: N requests always in flight). ``--copies N`` sends to the N copies
 ``NAME-0`` .. ``NAME-{N-1}`` of ``--model NAME`` (model.toml's ``copies``), all with one input.
 The summary has the outcome keys and latency percentiles of ``clockwork-async simulate`` plus
@@ -40,10 +43,18 @@ from clockwork_async.api.async_client import AsyncClient, ClientError, InferResu
 from clockwork_async.api.auth import client_ssl_context
 from clockwork_async.cli_client import Parser, UsageError, add_connection_flags, random_inputs
 from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, REJECTED_AT_ARRIVAL, Outcome
+from clockwork_async.sim.replay import read_request_log, replay
 from clockwork_async.sim.report import timeline_arrays
 from clockwork_async.sim.stats import SimStats, latency_summary_ms
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
-from clockwork_async.sim.workloads import OpenLoop, RateSegment, poisson, trace_replay
+from clockwork_async.sim.workloads import (
+    OpenLoop,
+    RateSegment,
+    Workload,
+    poisson,
+    request_slos_ns,
+    trace_replay,
+)
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
@@ -89,7 +100,10 @@ class Recorder:
         self.last_send_ns = sent_ns
         self.lag_us[max(0, sent_ns - scheduled_ns) // 1000] += 1
 
-    def on_answer(self, sent_ns: int, now_ns: int, answer: Answer) -> None:
+    def on_answer(
+        self, sent_ns: int, now_ns: int, answer: Answer, slo_ns: int | None = None
+    ) -> None:
+        """Count an answer; ``slo_ns``: the request's own SLO (default: ``self.slo_ns``)."""
         self.answered += 1
         if isinstance(answer, ClientError):
             self.errors["connection_closed"] += 1
@@ -99,7 +113,8 @@ class Recorder:
             self.errors[answer.status] += 1
             return
         self.stats.on_reply(outcome, now_ns, sent_ns)
-        if outcome is Outcome.OK and self.slo_ns and now_ns - sent_ns > self.slo_ns:
+        slo_ns = self.slo_ns if slo_ns is None else slo_ns
+        if outcome is Outcome.OK and slo_ns and now_ns - sent_ns > slo_ns:
             self.ok_after_slo += 1
         if "total" in answer.timing_ns:
             self.daemon_us[answer.timing_ns["total"] // 1000] += 1
@@ -140,14 +155,17 @@ class Run:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         index = self.recorder.sent
         sent_ns = self.now_ns()
+        slo_ns = round(slo_ms * NS_PER_MS)
         try:
             pending = self.client.start_infer(model, self.inputs[model], slo_ms=slo_ms)
         except ClientError as error:
             self._sent(index, model, scheduled_ns, sent_ns)
-            self._answered(index, sent_ns, error, done)
+            self._answered(index, sent_ns, error, done, slo_ns)
             return done
         self._sent(index, model, scheduled_ns, sent_ns)
-        pending.add_done_callback(lambda answer: self._answered(index, sent_ns, answer, done))
+        pending.add_done_callback(
+            lambda answer: self._answered(index, sent_ns, answer, done, slo_ns)
+        )
         return done
 
     def _sent(self, index: int, model: str, scheduled_ns: int, sent_ns: int) -> None:
@@ -156,12 +174,17 @@ class Run:
             observer.on_sent(index, model, scheduled_ns, sent_ns)
 
     def _answered(
-        self, index: int, sent_ns: int, answer: Answer, done: asyncio.Future[None]
+        self,
+        index: int,
+        sent_ns: int,
+        answer: Answer,
+        done: asyncio.Future[None],
+        slo_ns: int | None = None,
     ) -> None:
         if self._books_closed:
             return  # counted as lost
         now_ns = self.now_ns()
-        self.recorder.on_answer(sent_ns, now_ns, answer)
+        self.recorder.on_answer(sent_ns, now_ns, answer, slo_ns)
         for observer in self.observers:
             observer.on_answer(index, sent_ns, now_ns, answer)
         if not done.done():
@@ -174,10 +197,12 @@ class Run:
         arrivals: Iterable[tuple[Sequence[int], Sequence[int]]],
         slo_ms: float,
         end_ns: int = 0,
+        slos_ms: Sequence[float] | None = None,
     ) -> None:
         """Send each arrival at its time; never wait for replies. Then wait until ``end_ns``
-        (the schedule's end: a run lasts its duration however its last arrival fell)."""
-        behind = 0
+        (the schedule's end: a run lasts its duration however its last arrival fell).
+        ``slos_ms``: each arrival's own SLO (a replayed log's), else ``slo_ms`` for all."""
+        behind, index = 0, 0
         for times_ns, instances in arrivals:
             for scheduled_ns, instance in zip(times_ns, instances, strict=True):
                 self.recorder.on_scheduled(scheduled_ns)
@@ -187,7 +212,8 @@ class Run:
                     behind = 0
                 elif (behind := behind + 1) % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
-                self.send(instance, scheduled_ns, slo_ms)
+                self.send(instance, scheduled_ns, slo_ms if slos_ms is None else slos_ms[index])
+                index += 1
         if (delay_ns := end_ns - self.now_ns()) > 0:
             await asyncio.sleep(delay_ns / NS_PER_S)
         self.send_end_ns = self.now_ns()
@@ -301,7 +327,7 @@ def phases(instances: int, rates_and_durations: Sequence[tuple[float, float]]) -
 
 async def drive(
     run: Run,
-    workload: OpenLoop | None,
+    workload: Workload | None,
     *,
     slo_ms: float,
     rng: np.random.Generator,
@@ -321,7 +347,10 @@ async def drive(
         if workload is None:
             await run.closed_loop(concurrency, round(duration_s * NS_PER_S), slo_ms)
         else:
-            await run.open_loop(workload.open_arrivals(rng), slo_ms, workload.duration_ns)
+            slos_ns = request_slos_ns(workload)
+            slos_ms = None if slos_ns is None else [slo / NS_PER_MS for slo in slos_ns]
+            arrivals = workload.open_arrivals(rng)
+            await run.open_loop(arrivals, slo_ms, workload.duration_ns, slos_ms)
         await run.finish(grace_s if grace_s is not None else 2 * slo_ms / 1000 + 2.0)
     finally:
         if progress is not None:
@@ -470,7 +499,9 @@ def build_parser() -> Parser:
     add("--concurrency", type=int, help="closed loop: requests kept in flight")
     add("--trace", type=Path, help="open loop: replay an Azure Functions invocations CSV")
     add("--load-scale", type=float, default=1.0, help="--trace: multiplies its rates")
-    add("--duration-s", type=float, default=10.0)
+    add("--replay", type=Path, help="open loop: replay a per-request CSV log (sim.replay)")
+    add("--time-scale", type=float, default=1.0, help="--replay: multiplies its gaps")
+    add("--duration-s", type=float, help="default 10 (--replay: the whole log)")
     add("--quick", action="store_true", help="a 1 s run (for smoke tests)")
     add("--slo-ms", type=float, default=100.0)
     add("--seed", type=int, default=0)
@@ -493,12 +524,18 @@ def check_args(args: argparse.Namespace) -> list[str]:
         if args.models or args.copies < 1:
             raise UsageError("--copies N (N >= 1) goes with --model NAME")
         models = copy_names(models[0], args.copies)
-    modes = sum(x is not None for x in (args.rate, args.concurrency, args.trace))
+    modes = sum(x is not None for x in (args.rate, args.concurrency, args.trace, args.replay))
     if modes != 1:
-        raise UsageError("give exactly one of --rate R, --concurrency N, --trace FILE")
+        raise UsageError(
+            "give exactly one of --rate R, --concurrency N, --trace FILE, --replay FILE"
+        )
     if args.quick:
         args.duration_s = 1.0
-    positive = {"--duration-s": args.duration_s, "--slo-ms": args.slo_ms}
+    if args.duration_s is None and args.replay is None:
+        args.duration_s = 10.0
+    positive = {"--slo-ms": args.slo_ms, "--time-scale": args.time_scale}
+    if args.duration_s is not None:
+        positive["--duration-s"] = args.duration_s
     if args.rate is not None:
         positive["--rate"] = args.rate
     if args.concurrency is not None:
@@ -514,8 +551,21 @@ def copy_names(model: str, copies: int) -> list[str]:
     return [model] if copies == 1 else [f"{model}-{i}" for i in range(copies)]
 
 
-def open_workload(args: argparse.Namespace, instances: int) -> OpenLoop:
-    """The open-loop workload of the flags. Raises ValueError, TraceFormatError, OSError."""
+def open_workload(args: argparse.Namespace, models: Sequence[str]) -> Workload:
+    """The open-loop workload of the flags (a replay fills in ``args.duration_s`` when it was
+    not given). Raises ValueError (TraceFormatError, RequestLogError), OSError."""
+    instances = len(models)
+    if args.replay is not None:
+        duration_s = args.duration_s
+        workload = replay(
+            read_request_log(args.replay),
+            models,
+            time_scale=args.time_scale,
+            duration_s=duration_s,
+            default_slo_ms=args.slo_ms,
+        )
+        args.duration_s = workload.duration_ns / NS_PER_S
+        return workload
     if args.trace is None:
         return poisson(instances, args.rate, args.duration_s)
     trace = read_azure_trace(args.trace, args.duration_s / 60.0)
@@ -543,7 +593,7 @@ async def bench(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
     async with await AsyncClient.connect(args.address, token=args.token, ssl=ssl) as client:
         rng = np.random.default_rng(args.seed)
         inputs = await draw_inputs(client, models, rng, shared=args.copies is not None)
-        workload = None if args.concurrency else open_workload(args, len(models))
+        workload = None if args.concurrency else open_workload(args, models)
         run = Run(client, inputs)
         rows = RequestRows(run.start_ns) if args.rows is not None else None
         if rows is not None:
@@ -571,6 +621,8 @@ async def bench(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
     summary["config"] = {"address": args.address, "slo_ms": args.slo_ms, "seed": args.seed}
     if args.trace is not None:
         summary["config"]["load_scale"] = args.load_scale
+    if args.replay is not None:
+        summary["config"]["time_scale"] = args.time_scale
     if rows is not None:
         write_rows(args.rows, run, rows)
         summary["rows"] = str(args.rows)

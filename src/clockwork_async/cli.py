@@ -7,6 +7,8 @@ raise or return a status.
 from __future__ import annotations
 
 import importlib
+import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 
@@ -58,9 +60,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     module_name, function_name, _ = VERBS[verb]
     run: Callable[[list[str]], int] = getattr(importlib.import_module(module_name), function_name)
     try:
-        return run(rest)
+        status = run(rest)
+        sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+        return status
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        return _quiet_after_closed_stdout()
+
+
+def stdout_closed() -> bool:
+    """Whether our stdout's reader went away (``stats | head``): the kernel flags a pipe
+    whose read end is closed with POLLERR."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without a file
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _quiet_after_closed_stdout() -> int:
+    """End as a shell pipeline expects when the reader stops early: no message, status 141
+    (128 + SIGPIPE). Output still buffered goes to /dev/null, so the interpreter's last flush
+    does not complain either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from clockwork_async.api.auth import client_ssl_context
+from clockwork_async.cli import stdout_closed
 from clockwork_async.client import (
     DEFAULT_ADDRESS,
     Client,
@@ -73,6 +74,8 @@ def run_verb(verb: str, parser: Parser, argv: list[str], body: Callable[[Any], i
     except SystemExit as done:  # --help
         return done.code if isinstance(done.code, int) else 0
     except (ClientError, TimeoutError, OSError) as error:
+        if isinstance(error, BrokenPipeError) and stdout_closed():
+            raise  # our reader went away, not the daemon: `cli.main` ends quietly
         print(f"clockwork-async {verb}: {error}", file=sys.stderr)
         return 1
 
@@ -172,6 +175,7 @@ def _result_json(result: InferResult) -> dict[str, Any]:
         "timing_ns": result.timing_ns,
         "executor_id": result.executor_id,
         "batch_size": result.batch_size,
+        "model_version": result.model_version,
         "outputs": {
             name: {"dtype": str(a.dtype), "shape": list(a.shape)}
             for name, a in result.outputs.items()
@@ -186,6 +190,8 @@ def _result_text(result: InferResult, written: list[Path]) -> str:
         lines.append(f"timing: {timing}")
     if result.executor_id:
         lines.append(f"executor: {result.executor_id}, batch size {result.batch_size}")
+    if result.model_version:
+        lines.append(f"model version: {result.model_version}")
     for name, array in result.outputs.items():
         lines.append(f"output {name}: {array.dtype} {tuple(array.shape)}")
     lines += [f"wrote {path}" for path in written]
@@ -196,7 +202,7 @@ def _result_text(result: InferResult, written: list[Path]) -> str:
 
 
 def models_main(argv: list[str]) -> int:
-    """``clockwork-async models [list | add NAME PATH [--toml FILE] | remove NAME]``"""
+    """``clockwork-async models [list | add NAME PATH [--toml FILE] [--replace] | remove NAME]``"""
     parser = Parser(prog="clockwork-async models", description="List, add or remove models.")
     actions = parser.add_subparsers(dest="action", parser_class=Parser, required=True)
     listing = actions.add_parser("list", help="list the models (the default)")
@@ -205,6 +211,11 @@ def models_main(argv: list[str]) -> int:
     adding.add_argument("name")
     adding.add_argument("path", type=Path)
     adding.add_argument("--toml", type=Path, help="its model.toml")
+    adding.add_argument(
+        "--replace",
+        action="store_true",
+        help="take the name from the model serving under it (its requests finish on it)",
+    )
     adding.add_argument("--json", action="store_true")
     removing = actions.add_parser("remove", help="unregister a model")
     removing.add_argument("name")
@@ -220,7 +231,8 @@ def _models(args: argparse.Namespace) -> int:
     toml = _read_toml(args.toml) if action == "add" else None
     with connect(args) as client:
         if action == "add":
-            _print_models([client.add_model(args.name, args.path, toml)], args.json)
+            added = client.add_model(args.name, args.path, toml, replace=args.replace)
+            _print_models([added], args.json)
         elif action == "remove":
             client.remove_model(args.name)
             print(f"removed {args.name}")
@@ -238,19 +250,39 @@ def _read_toml(path: Path | None) -> str | None:
         raise UsageError(f"--toml: cannot read {str(path)!r}: {error}") from None
 
 
+MODEL_COLUMNS = ("name", "version", "group", "state", "pages", "slo_ms", "batch sizes", "loaded on")
+RIGHT_ALIGNED = frozenset({"version", "pages", "slo_ms"})
+
+
 def _print_models(models: list[ModelStatus], as_json: bool) -> None:
     if as_json:
         print(json.dumps([_model_json(m) for m in models], indent=2))
         return
-    print(
-        f"{'name':<24}{'group':<16}{'state':<12}{'pages':>6}  {'slo_ms':>8}  batch sizes  loaded on"
-    )
-    for m in models:
-        batches = ",".join(map(str, m.batch_sizes)) or "-"
-        print(
-            f"{m.name:<24}{m.group:<16}{m.state:<12}{m.pages:>6}  {m.default_slo_ns / 1e6:>8g}"
-            f"  {batches:<11}  {','.join(m.loaded_on) or '-'}"
-        )
+    print("\n".join(table(MODEL_COLUMNS, [_model_row(m) for m in models], RIGHT_ALIGNED)))
+
+
+def _model_row(m: ModelStatus) -> tuple[str, ...]:
+    version = str(m.version) if m.version else "-"
+    batches = ",".join(map(str, m.batch_sizes)) or "-"
+    slo_ms = f"{m.default_slo_ns / 1e6:g}"
+    loaded_on = ",".join(m.loaded_on) or "-"
+    return (m.name, version, m.group, m.state, str(m.pages), slo_ms, batches, loaded_on)
+
+
+def table(
+    header: tuple[str, ...], rows: list[tuple[str, ...]], right: frozenset[str] = frozenset()
+) -> list[str]:
+    """Lines of a text table: every column as wide as its widest cell, two spaces between
+    columns (so long names never run into the next column), no trailing spaces."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    lines = []
+    for row in (header, *rows):
+        cells = [
+            cell.rjust(width) if name in right else cell.ljust(width)
+            for name, cell, width in zip(header, row, widths, strict=True)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
 
 
 def _model_json(model: ModelStatus) -> dict[str, Any]:
@@ -259,6 +291,7 @@ def _model_json(model: ModelStatus) -> dict[str, Any]:
 
     return {
         "name": model.name,
+        "version": model.version,
         "group": model.group,
         "state": model.state,
         "loaded_on": list(model.loaded_on),

@@ -98,9 +98,15 @@ class Client:
         return self._run(self._client.models(), self.timeout_s)
 
     def add_model(
-        self, name: str, path_or_bytes: str | Path | bytes, model_toml: str | None = None
+        self,
+        name: str,
+        path_or_bytes: str | Path | bytes,
+        model_toml: str | None = None,
+        *,
+        replace: bool = False,
     ) -> ModelStatus:
-        return self._run(self._client.add_model(name, path_or_bytes, model_toml), self.timeout_s)
+        adding = self._client.add_model(name, path_or_bytes, model_toml, replace=replace)
+        return self._run(adding, self.timeout_s)
 
     def remove_model(self, name: str) -> None:
         self._run(self._client.remove_model(name), self.timeout_s)

@@ -1,5 +1,7 @@
 """The daemon's one frozen configuration: TOML file, then environment, then command-line flags.
 
+One idea: from the sources a user writes to one validated, frozen `DaemonConfig`.
+
 Invariants: a ``DaemonConfig`` only exists validated (``load_config`` is the one way to make one
 from outside input), it is frozen and passed down, and nothing below the CLI reads the
 environment or the file again. Every bad value raises ``ConfigError`` naming the key, the value,

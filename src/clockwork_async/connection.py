@@ -593,8 +593,10 @@ async def start_server(
     write_high_water_bytes: int | None = None,
     allow_half_close: bool = False,
     ssl: ssl_module.SSLContext | None = None,
+    start_serving: bool = True,
 ) -> asyncio.Server:
-    """Serve ``address`` (over TLS with ``ssl``): each accepted connection runs
+    """Serve ``address`` (over TLS with ``ssl``; with ``start_serving`` false, bound but not
+    accepting until ``Server.start_serving``): each accepted connection runs
     ``handler(connection)`` in its own task and is closed when the handler returns (with
     ``allow_half_close``, a handler may still send after its peer ended writing). A handler
     that raises ProtocolError has an Error message sent to its peer first; ConnectionClosed
@@ -620,10 +622,19 @@ async def start_server(
     handshake_s = TLS_HANDSHAKE_TIMEOUT_S if ssl is not None else None
     if isinstance(parsed, UnixAddress):
         return await loop.create_unix_server(
-            protocol, parsed.path, ssl=ssl, ssl_handshake_timeout=handshake_s
+            protocol,
+            parsed.path,
+            ssl=ssl,
+            ssl_handshake_timeout=handshake_s,
+            start_serving=start_serving,
         )
     return await loop.create_server(
-        protocol, parsed.host, parsed.port, ssl=ssl, ssl_handshake_timeout=handshake_s
+        protocol,
+        parsed.host,
+        parsed.port,
+        ssl=ssl,
+        ssl_handshake_timeout=handshake_s,
+        start_serving=start_serving,
     )
 
 

@@ -1,8 +1,11 @@
 """`clockwork-async serve`: the daemon. Starts, serves, drains; signals, systemd, watchdog.
 
-Start order: executors up and attached -> repository models registered (profiles from the
-on-disk cache, else measured and cached) -> client API listening -> metrics endpoint ->
-systemd ``READY=1`` with ``STATUS=``. Then it serves until SIGTERM/SIGINT: ``STOPPING=1``, new
+Start order: the ports first (the client API's address bound, not yet accepting; the metrics
+endpoint serving, its ``/readyz`` answering 503 with the phase), so a busy port fails the start
+before any executor is spawned -> executors up and attached -> repository models registered
+(profiles from the on-disk cache, else measured and cached) -> client API accepting -> systemd
+``READY=1`` with ``STATUS=``. ``STATUS=`` follows ``/readyz``'s state from then on (models
+added or removed, executors up or down). Then it serves until SIGTERM/SIGINT: ``STOPPING=1``, new
 requests are answered ``shutting_down``, in-flight ones get up to ``server.drain_timeout_s``,
 the rest are answered ``shutting_down``, the executors stop, and `Daemon.run` returns 0. A
 second signal skips the drain (everything left is answered ``shutting_down`` at once, the
@@ -37,8 +40,8 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
-from clockwork_async.api.auth import server_ssl_context
-from clockwork_async.api.server import ApiServer, auth_from_config
+from clockwork_async.api.auth import TokenAuth, server_ssl_context
+from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
@@ -111,6 +114,8 @@ class Daemon:
         self.metrics_address = ""
         self.controller_cpu: int | None = None  # where the controller is pinned, if it is
         self._affinity_before: set[int] | None = None
+        self._phase = "starting"  # why not ready while STARTING (/readyz, STATUS=)
+        self._status_sent = ""
 
     @property
     def state(self) -> DaemonState:
@@ -208,17 +213,25 @@ class Daemon:
         log.info("starting with %s", redacted(self.config))
         for warning in self.config.warnings():
             log.warning("config: %s", warning)
-        self._notifier.status("starting executors")
+        repository = await asyncio.to_thread(self._open_repository)
+        self._make_service(repository)
+        await self._bind_api()
+        await self._start_metrics()
+        self._enter_phase("starting executors")
         unpinned_cpus = tuple(sorted(os.sched_getaffinity(0)))
         self._pin_controller(unpinned_cpus)
         self._start_busy_poll()
         await self._start_executors(unpinned_cpus if self.controller_cpu is not None else ())
-        self._notifier.status("registering models")
-        await self._register_models()
-        await self._start_api()
-        await self._start_metrics()
+        self._enter_phase("registering models")
+        await self._register_models(repository)
+        await self._serve_api()
         self._enter(DaemonState.SERVING)
         self._announce()
+
+    def _enter_phase(self, phase: str) -> None:
+        """A step of the start: ``/readyz`` and systemd's ``STATUS=`` say it."""
+        self._phase = phase
+        self._notifier.status(phase)
 
     def _pin_controller(self, cpus: tuple[int, ...]) -> None:
         """Pin the loop's thread to a CPU no local executor is pinned to, if configured."""
@@ -288,48 +301,62 @@ class Daemon:
 
         supervisor.on_ready = on_ready
 
-    async def _register_models(self) -> None:
-        repository = await asyncio.to_thread(self._open_repository)
+    def _make_service(self, repository: Repository) -> None:
         self.service = DaemonService(
             self.driver, repository, self.metrics, setup.registration(self.config)
         )
         self.service.extra_stats = self._daemon_stats
+        self.service.on_change = self._publish_status
+        self.driver.executor_listeners.append(lambda *_: self._publish_status())
+
+    async def _register_models(self, repository: Repository) -> None:
+        assert self.service is not None
+        if self._demo_cache_dir is not None:
+            added = await asyncio.to_thread(
+                setup.seed_demo_models, repository, self._demo_cache_dir
+            )
+            if added:
+                log.info("demo models added to %s: %s", repository.root, ", ".join(added))
         report = await self.service.rescan()
         if not self.service.served:
             log.warning("no model registered; add one with `clockwork-async models add`")
-        if report.failed:
-            log.error("models not registered: %s", ", ".join(report.failed))
+        if report.failed or report.skipped:
+            log.error("models not registered: %s", report.problems())
 
     def _open_repository(self) -> Repository:
         repository_config = self.config.repository
-        repository = Repository(repository_config.path, repository_config.max_model_bytes)
-        if self._demo_cache_dir is not None:
-            added = setup.seed_demo_models(repository, self._demo_cache_dir)
-            if added:
-                log.info("demo models added to %s: %s", repository.root, ", ".join(added))
-        return repository
+        return Repository(repository_config.path, repository_config.max_model_bytes)
 
-    async def _start_api(self) -> None:
+    async def _bind_api(self) -> None:
+        """Take the client API's address (connections wait until `_serve_api`). Raises
+        StartError naming the key."""
         assert self.service is not None
         server = self.config.server
         api = ApiServer(
             self.service,
             requests=self.driver.dispatcher,
+            routes=self.service.routes,
             limits=server.limits,
-            auth=auth_from_config(server),
+            auth=TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token),
         )
         self.api = api
         try:
             context = None
             if server.tls_cert_path is not None and server.tls_key_path is not None:
                 context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
-            await api.start(str(server.listen), ssl=context)
+            await api.bind(str(server.listen), ssl=context)
         except OSError as error:  # the server is CLOSED then: closing it returns at once
-            raise StartError(f"client API on {server.listen}: {error}") from error
+            raise StartError(
+                f"server.listen = {server.listen}: the client API cannot listen there: {error}"
+            ) from error
         self.api_address = api.address
         self.metrics.set_snapshot_source(
             setup.snapshot_source(self.driver.snapshot, lambda: api.connection_count)
         )
+
+    async def _serve_api(self) -> None:
+        assert self.api is not None
+        await self.api.serve()
 
     async def _start_metrics(self) -> None:
         self._spawn(probe_loop_lag(self.metrics.observe_loop_lag))
@@ -340,18 +367,44 @@ class Daemon:
         try:
             host, port = await self.endpoint.start(listen.host, listen.port)
         except OSError as error:
-            raise StartError(f"metrics endpoint on {listen}: {error}") from error
+            raise StartError(
+                f"metrics.listen = {listen}: the metrics endpoint cannot listen there: {error}"
+            ) from error
         self.metrics_address = str(TcpAddress(host, port))
 
     def _announce(self) -> None:
         assert self.service is not None
         models = len(self.service.list_models())
-        executors = len(self.config.executors)
-        metrics = f"http://{self.metrics_address}/metrics" if self.metrics_address else "off"
-        line = f"api={self.api_address} metrics={metrics} models={models} executors={executors}"
-        print(f"clockwork-async serving: {line}", file=self._out, flush=True)
-        self._notifier.ready(f"serving {models} models on {executors} executors at {line}")
+        print(f"clockwork-async serving: {self._addresses(models)}", file=self._out, flush=True)
+        self._status_sent = self._status_line()
+        self._notifier.ready(self._status_sent)
         self._arm_watchdog()
+
+    def _addresses(self, models: int) -> str:
+        metrics = f"http://{self.metrics_address}/metrics" if self.metrics_address else "off"
+        executors = len(self.config.executors)
+        return f"api={self.api_address} metrics={metrics} models={models} executors={executors}"
+
+    def _status_line(self) -> str:
+        """systemd's ``STATUS=`` while serving: ``/readyz``'s state, models and executors."""
+        assert self.service is not None
+        models = len(self.service.list_models())
+        executors = self.driver.snapshot().executors
+        up = sum(executor.up for executor in executors)
+        readiness = self._readiness()
+        state = "serving" if readiness.ready else f"not ready ({readiness.reason}):"
+        where = self._addresses(models)
+        return f"{state} {models} models on {len(executors)} executors ({up} up) at {where}"
+
+    def _publish_status(self) -> None:
+        """Send ``STATUS=`` again if models, executors or readiness changed (after the start;
+        while starting, the phase is the status)."""
+        if self._state is not DaemonState.SERVING:
+            return
+        line = self._status_line()
+        if line != self._status_sent:
+            self._status_sent = line
+            self._notifier.status(line)
 
     def _arm_watchdog(self) -> None:
         interval_s = self._notifier.watchdog_interval_s
@@ -363,8 +416,8 @@ class Daemon:
     # --- serving ---------------------------------------------------------------------------------
 
     def _readiness(self) -> Readiness:
-        if self.service is None:
-            return Readiness(False, "starting")
+        if self._state is DaemonState.STARTING or self.service is None:
+            return Readiness(False, self._phase)
         health = self.service.health()
         return Readiness(health.ready, health.reason)
 
@@ -381,12 +434,7 @@ class Daemon:
     async def _rescan(self) -> None:
         assert self.service is not None
         report = await self.service.rescan()
-        log.info(
-            "rescan: added %s, removed %s, failed %s",
-            list(report.added),
-            list(report.removed),
-            list(report.failed),
-        )
+        log.info("rescan: %s", report.summary())
 
     def _spawn(self, coroutine: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.ensure_future(coroutine)

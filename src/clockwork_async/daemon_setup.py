@@ -158,6 +158,8 @@ def live_snapshot(snapshot: DriverSnapshot, connections: int) -> LiveSnapshot:
         client_connections=connections,
         cold_starts=snapshot.core_counters.get("cold_starts", 0),
         warm_ups=snapshot.core_counters.get("warm_ups", 0),
+        loop_delay_ns=snapshot.loop_delay_ns,
+        loop_request_ns=snapshot.loop_cost_ns.get("request", 0.0),
     )
 
 

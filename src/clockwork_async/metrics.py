@@ -1,5 +1,7 @@
 """Every Prometheus metric of the daemon, defined once here on an injected registry.
 
+One idea: the daemon as Prometheus sees it.
+
 Invariants: names start with ``clockwork_``, are in base units (seconds, bytes) and counters
 end in ``_total``; every label set is bounded whatever clients do: latency histograms are
 labelled by model *group* (one per ONNX file, or model.toml's ``group``), never by instance;
@@ -97,6 +99,8 @@ class LiveSnapshot:
     client_connections: int = 0
     cold_starts: int = 0  # the core's count since start (a counter)
     warm_ups: int = 0  # the core's count of warm-up INFERs since start (a counter)
+    loop_delay_ns: int = 0  # the daemon's own booked work ahead of now (its door)
+    loop_request_ns: float = 0.0  # its learned cost of one admitted request
 
 
 SnapshotSource = Callable[[], LiveSnapshot]
@@ -115,6 +119,8 @@ class Metrics:
         include_process: bool = True,
     ) -> None:
         self._instance = BoundedLabel(instance_label_limit)
+        # Served name -> instance label, for replaced models served as ``NAME@vN``.
+        self.instance_aliases: dict[str, str] = {}
         self._group = BoundedLabel(group_label_limit)
         self._executor = BoundedLabel(MAX_EXECUTOR_LABELS)
         # `_created` series would double every series for a timestamp nobody queries. The
@@ -220,7 +226,8 @@ class Metrics:
         result = Outcome(outcome)
         group_label = self._group_label(group)
         self.requests.labels(group_label, result.value).inc()
-        self.instance_requests.labels(self._instance(model), result.value).inc()
+        instance = self._instance(self.instance_aliases.get(model, model))
+        self.instance_requests.labels(instance, result.value).inc()
         if result in DROP_REASONS:
             self.drops.labels(group_label, result.value).inc()
         if result not in ANSWERED_WITH_OUTPUTS:
@@ -362,6 +369,15 @@ def _live_families(
         ),
         "models_registered": ("Model instances registered.", snapshot.models_registered),
         "client_connections": ("Open client API connections.", snapshot.client_connections),
+        "loop_delay_seconds": (
+            "The daemon's own booked work ahead of now: past a share of a request's time to "
+            "its deadline, the door refuses it overloaded.",
+            snapshot.loop_delay_ns / NS_PER_S,
+        ),
+        "loop_request_cost_seconds": (
+            "The daemon's learned cost of one admitted request on its own loop (CPU).",
+            snapshot.loop_request_ns / NS_PER_S,
+        ),
     }
     for name, (doc, value) in totals.items():
         yield GaugeMetricFamily(f"clockwork_{name}", doc, value=value if samples else None)

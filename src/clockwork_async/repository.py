@@ -10,9 +10,15 @@ are renamed into place, so a reader sees the old model or the new one, never hal
 Every method blocks on file I/O, so the daemon calls them from a worker thread, one call at a
 time (a Repository is not thread-safe).
 
+Versions: a folder's ``version`` file holds its version, a decimal integer (1 when the file is
+absent); `add` writes it, so a replaced model keeps its count across restarts.
+
 Instances: ``copies = N`` in model.toml registers the file under ``N`` names, ``NAME-0`` to
 ``NAME-{N-1}`` (``copies = 1``, the default, registers just ``NAME``). They share host weights
 and profiles (by content hash) and have their own device pages.
+
+One idea: the model folders on disk, read only through validated entries and written only by
+an atomic swap that a crash cannot leave half done.
 """
 
 from __future__ import annotations
@@ -62,7 +68,9 @@ log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"
 TOML_FILE = "model.toml"
+VERSION_FILE = "version"
 MAX_TOML_BYTES = 1 << 20
+MAX_VERSION_BYTES = 32
 
 
 class InvalidModelName(RepositoryError):
@@ -97,6 +105,7 @@ class ModelEntry:
     copies: int
     group: str
     sim_profile: str = DEFAULT_SIM_PROFILE  # what simulated executors run it as
+    version: int = 1  # 1, then one more at each replace (the folder's ``version`` file)
 
     @property
     def instances(self) -> tuple[str, ...]:
@@ -166,10 +175,18 @@ class Repository:
             raise ModelNotFound(f"no model {name!r} in the repository")
         return self._entry(name)
 
-    def add(self, name: str, onnx_bytes: bytes, toml_text: str | None = None) -> ModelEntry:
-        """Validate and store a model (replacing one of that name atomically); returns its
-        entry. Raises InvalidModelName, ModelTooLarge, InvalidModel (also when one of its
-        instance names is taken by another folder)."""
+    def has(self, name: str) -> bool:
+        """Whether folder ``name`` exists (valid or not); raises InvalidModelName."""
+        _check_name(name)
+        target = self.root / name
+        return target.exists() or target.is_symlink()
+
+    def add(
+        self, name: str, onnx_bytes: bytes, toml_text: str | None = None, *, version: int = 1
+    ) -> ModelEntry:
+        """Validate and store a model as ``version`` (replacing one of that name atomically);
+        returns its entry. Raises InvalidModelName, ModelTooLarge, InvalidModel (also when one
+        of its instance names is taken by another folder)."""
         _check_name(name)
         if len(onnx_bytes) > self.max_model_bytes:
             raise ModelTooLarge(
@@ -177,9 +194,9 @@ class Repository:
                 f"{self.max_model_bytes} (repository.max_model_bytes)"
             )
         toml_bytes = toml_text.encode() if toml_text is not None else None
-        entry = _make_entry(name, self.root / name / ONNX_FILE, onnx_bytes, toml_bytes)
+        entry = _make_entry(name, self.root / name / ONNX_FILE, onnx_bytes, toml_bytes, version)
         self._check_instances_free(entry)
-        self._commit(name, onnx_bytes, toml_bytes)
+        self._commit(name, onnx_bytes, toml_bytes, version)
         return self._entry(name)
 
     def remove(self, name: str) -> None:
@@ -200,14 +217,18 @@ class Repository:
         _check_name(folder)
         onnx_path = self._inside(self.root / folder / ONNX_FILE, required=True)
         toml_path = self._inside(self.root / folder / TOML_FILE, required=False)
+        version_path = self._inside(self.root / folder / VERSION_FILE, required=False)
         assert onnx_path is not None
-        key = (_stat_key(onnx_path), _stat_key(toml_path) if toml_path else None)
+        key = tuple(
+            _stat_key(path) if path else None for path in (onnx_path, toml_path, version_path)
+        )
         slot = self._cache.get(folder)
         if slot is not None and slot.key == key:
             return slot.entry
         onnx_bytes = _read_file(onnx_path, self.max_model_bytes, ONNX_FILE)
         toml_bytes = _read_file(toml_path, MAX_TOML_BYTES, TOML_FILE) if toml_path else None
-        entry = _make_entry(folder, self.root / folder / ONNX_FILE, onnx_bytes, toml_bytes)
+        version = _read_version(version_path) if version_path else 1
+        entry = _make_entry(folder, self.root / folder / ONNX_FILE, onnx_bytes, toml_bytes, version)
         self._cache[folder] = _CacheSlot(key, entry)
         return entry
 
@@ -233,12 +254,14 @@ class Repository:
             if clash.folder == entry.name or entry.name in clash.reason:
                 raise InvalidModel(clash.reason)
 
-    def _commit(self, name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> None:
+    def _commit(self, name: str, onnx_bytes: bytes, toml_bytes: bytes | None, version: int) -> None:
         staging = Path(tempfile.mkdtemp(prefix=f".new-{name}-", dir=self.root))
         try:
             _write_file(staging / ONNX_FILE, onnx_bytes)
             if toml_bytes is not None:
                 _write_file(staging / TOML_FILE, toml_bytes)
+            if version != 1:
+                _write_file(staging / VERSION_FILE, f"{version}\n".encode())
             os.chmod(staging, 0o750)
             _fsync_dir(staging)
             self._swap_in(staging, self.root / name)
@@ -298,7 +321,7 @@ def _check_name(name: str) -> None:
 
 
 def _make_entry(
-    name: str, onnx_path: Path, onnx_bytes: bytes, toml_bytes: bytes | None
+    name: str, onnx_path: Path, onnx_bytes: bytes, toml_bytes: bytes | None, version: int = 1
 ) -> ModelEntry:
     info = read_model_info(name, onnx_bytes, toml_bytes)
     return ModelEntry(
@@ -306,8 +329,18 @@ def _make_entry(
         onnx_path=onnx_path,
         sha256=hashlib.sha256(onnx_bytes).hexdigest(),
         size_bytes=len(onnx_bytes),
+        version=version,
         **{f.name: getattr(info, f.name) for f in fields(ModelInfo)},
     )
+
+
+def _read_version(path: Path) -> int:
+    """The version a folder's ``version`` file holds; raises InvalidModel unless it is one
+    decimal integer >= 1."""
+    text = _read_file(path, MAX_VERSION_BYTES, VERSION_FILE).decode(errors="replace").strip()
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise InvalidModel(f"{path.parent.name}/{VERSION_FILE} must hold an integer >= 1")
+    return int(text)
 
 
 def _without_clashes(

@@ -1,28 +1,39 @@
 """The daemon's `Admin` service: the client API's view of models (the repository and their
 registration on the driver), stats and health. Requests do not pass here: the client API
-sends them to the driver's dispatcher, and the metrics listen to the dispatcher's answers.
+sends them to the driver's dispatcher, routed by `routes`, and the metrics listen to the
+dispatcher's answers.
 
 Invariants:
 - A model *folder* (``ModelEntry``) is served as its instances (``NAME``, or ``NAME-0`` ..
-  ``NAME-{copies-1}``); ``_served`` maps folder -> entry and ``_instances`` instance ->
-  RegisteredModel, and both change only together, under ``_lock``, which serialises every
-  registration change (add, remove, rescan) so two never interleave.
+  ``NAME-{copies-1}``); ``_served`` maps folder -> entry, ``_instances`` instance ->
+  RegisteredModel and ``routes`` instance -> where its requests go, and all three change only
+  together, in one step with no await inside, under ``_lock``, which serialises every
+  registration change (add, replace, remove, rescan) so two never interleave.
+- Version 1 of an instance is served under its own name, version N > 1 under ``NAME@vN``
+  (``@`` is not allowed in model names, so no folder can take it). A replace registers the new
+  version beside the old, then switches ``routes`` in one step: no request finds the name
+  unserved; requests routed before the switch finish on the old version, which is
+  unregistered once none is left (or after `RETIRE_TIMEOUT_S`).
 - Repository I/O runs in a worker thread; the event loop never blocks on a disk.
 - A registration that fails leaves nothing behind: instances already registered are
-  unregistered, and a replaced model's old files and registration are put back.
+  unregistered, and a replaced model's old files are put back (its registration was kept).
+
+One idea: what the daemon serves under which name, changed under one lock: folders, their
+instances and versions, and the routes the client API follows (stats and health only read).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 
 from clockwork_async import build
-from clockwork_async.api.service import Health, ServiceError
+from clockwork_async.api.service import Health, ModelRoute, ServiceError
 from clockwork_async.metrics import Metrics
 from clockwork_async.profile_cache import ProfileCache
 from clockwork_async.repository import (
@@ -30,6 +41,7 @@ from clockwork_async.repository import (
     ModelNotFound,
     Repository,
     RepositoryError,
+    ScanProblem,
 )
 from clockwork_async.runtime.driver import Driver, RegisteredModel
 from clockwork_async.runtime.executor_link import LinkError
@@ -39,14 +51,26 @@ from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 log = logging.getLogger(__name__)
 
+RETIRE_TIMEOUT_S = 30.0  # a replaced version's queued requests may take this long to finish
+
 
 @dataclass(frozen=True, slots=True)
 class RescanReport:
-    """What a repository rescan changed: instance-less folder names per list."""
+    """What a repository rescan changed: instance-less folder names per list, and the folders
+    it skipped (not a valid model folder) with why."""
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
-    failed: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # valid folders whose registration failed
+    skipped: tuple[ScanProblem, ...] = ()
+
+    def summary(self) -> str:
+        """One line for the log: every list, skipped folders with their reasons."""
+        return f"added {list(self.added)}, removed {list(self.removed)}, {self.problems()}"
+
+    def problems(self) -> str:
+        skipped = "; ".join(f"{problem.folder} ({problem.reason})" for problem in self.skipped)
+        return f"failed {list(self.failed)}, skipped [{skipped}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +97,14 @@ class DaemonService:
         self._repository = repository
         self._registration = registration
         self._served: dict[str, ModelEntry] = {}
-        self._instances: dict[str, RegisteredModel] = {}
+        self._instances: dict[str, RegisteredModel] = {}  # by instance name
+        # Instance name -> where its requests go; the client API reads it (never rebound).
+        self.routes: dict[str, ModelRoute] = {}
+        self._metrics = metrics
         self._lock = asyncio.Lock()
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
+        self.on_change: Callable[[], None] = _nothing  # after every add, remove and rescan
         driver.outcome_listeners.append(metrics.observe_outcome)
         driver.action_listeners.append(metrics.observe_action)
 
@@ -85,16 +113,16 @@ class DaemonService:
     def list_models(self) -> list[ModelStatus]:
         """Every registered instance, by name."""
         loaded = {m.name: m.loaded_on for m in self._driver.snapshot().models}
-        return [self._status(model, loaded.get(name, ())) for name, model in sorted(self._models())]
+        return [
+            self._status(name, loaded.get(model.name, ()))
+            for name, model in sorted(self._instances.items())
+        ]
 
-    def _models(self) -> list[tuple[str, RegisteredModel]]:
-        return list(self._instances.items())
-
-    @staticmethod
-    def _status(model: RegisteredModel, loaded_on: tuple[str, ...]) -> ModelStatus:
+    def _status(self, instance: str, loaded_on: tuple[str, ...]) -> ModelStatus:
+        model = self._instances[instance]
         return ModelStatus(
-            name=model.name,
-            group=model.group or model.name,
+            name=instance,
+            group=model.group or instance,
             state="loaded" if loaded_on else "ready",
             loaded_on=loaded_on,
             pages=model.weights_pages,
@@ -102,6 +130,7 @@ class DaemonService:
             default_slo_ns=model.default_slo_ns,
             inputs=model.inputs,
             outputs=model.outputs,
+            version=self.routes[instance].version,
         )
 
     @property
@@ -132,50 +161,121 @@ class DaemonService:
 
     # --- models: changes -----------------------------------------------------------------------
 
-    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
-        """Store ``name`` in the repository (replacing one of that name atomically) and
-        register it; returns the status of its first instance. Raises ServiceError."""
-        async with self._lock:
+    async def add_model(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+    ) -> ModelStatus:
+        """Store ``name`` in the repository and register it; returns the status of its first
+        instance. A taken name is ``model_exists`` unless ``replace``: then the new version
+        is registered beside the old one and takes its name in one step (`_swap`). Raises
+        ServiceError."""
+        async with self._lock, self._changing():
             self._check_not_instance(name)
-            self._check_budget(name, hashlib.sha256(onnx_bytes).hexdigest(), len(onnx_bytes))
             old = self._served.get(name)
+            if not replace:
+                await self._check_name_free(name, old)
+            self._check_budget(name, hashlib.sha256(onnx_bytes).hexdigest(), len(onnx_bytes))
             old_files = await asyncio.to_thread(_read_files, old) if old is not None else None
-            entry = await self._store(name, onnx_bytes, model_toml)
-            if old is not None:
-                await self._unregister(old)
+            version = old.version + 1 if old is not None else 1
+            entry = await self._store(name, onnx_bytes, model_toml, version)
+            retired = [self._instances[i] for i in old.instances] if old is not None else []
             try:
                 await self._register(entry)
             except ServiceError:
-                await self._restore(name, old_files)
+                await self._restore(name, old_files, old)
                 raise
-            return self._status(self._instances[entry.instances[0]], ())
+            await self._retire(retired)
+            return self._status(entry.instances[0], ())
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """Tell `on_change` when a change ends, however it ends."""
+        try:
+            yield
+        finally:
+            self.on_change()
+
+    async def _check_name_free(self, name: str, served: ModelEntry | None) -> None:
+        """Raises ServiceError: ``model_exists`` if ``name`` is served or has a folder, the
+        repository's code for a name it refuses."""
+        try:
+            taken = served is not None or await asyncio.to_thread(self._repository.has, name)
+        except RepositoryError as error:
+            raise ServiceError(error.code, str(error)) from None
+        if not taken:
+            return
+        what = f"version {served.version}" if served is not None else "a folder not served"
+        raise ServiceError(
+            ApiCode.MODEL_EXISTS,
+            f"model {name!r} exists ({what}); add it with replace "
+            "(`clockwork-async models add --replace`) to swap it",
+        )
 
     def _check_not_instance(self, name: str) -> None:
         owner = next((n for n, e in self._served.items() if name in e.instances), name)
         if owner != name:
             raise ServiceError(ApiCode.MODEL_EXISTS, f"{name!r} is an instance of model {owner!r}")
 
-    async def _store(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelEntry:
+    async def _store(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, version: int
+    ) -> ModelEntry:
         try:
-            return await asyncio.to_thread(self._repository.add, name, onnx_bytes, model_toml)
+            return await asyncio.to_thread(
+                self._repository.add, name, onnx_bytes, model_toml, version=version
+            )
         except RepositoryError as error:
             raise ServiceError(error.code, str(error)) from None
 
-    async def _restore(self, name: str, old_files: tuple[bytes, str | None] | None) -> None:
-        """Put back what ``add_model`` replaced (or remove what it added)."""
-        if old_files is None:
+    async def _restore(
+        self, name: str, old_files: tuple[bytes, str | None] | None, old: ModelEntry | None
+    ) -> None:
+        """Put back the files ``add_model`` replaced (their registration was kept), or remove
+        what it added."""
+        if old_files is None or old is None:
             await asyncio.to_thread(self._repository.remove, name)
             return
-        entry = await self._store(name, *old_files)
         try:
-            await self._register(entry)
+            await self._store(name, *old_files, old.version)
         except ServiceError as error:
-            log.error("the replaced model %r could not be registered again: %s", name, error)
+            log.error("the replaced model %r could not be put back on disk: %s", name, error)
+
+    async def _retire(self, models: list[RegisteredModel]) -> None:
+        """Unregister replaced versions once the requests routed to them are answered: their
+        queued ones here, their running ones in `Driver.unregister_model`."""
+        if not models:
+            return
+        names = {model.name for model in models}
+        answered = asyncio.Event()
+
+        def on_outcome(model: str, *_: object) -> None:
+            if model in names:
+                answered.set()
+
+        listeners = self._driver.outcome_listeners
+        listeners.append(on_outcome)  # only while retiring: not on every request's way
+        try:
+            async with asyncio.timeout(RETIRE_TIMEOUT_S):
+                while self._queued(names):
+                    answered.clear()
+                    await answered.wait()
+        except TimeoutError:
+            log.warning("replaced %s: queued requests left after %.0f s", names, RETIRE_TIMEOUT_S)
+        finally:
+            listeners.remove(on_outcome)
+        for model in models:
+            await self._drop(model.name)
+
+    def _queued(self, names: set[str]) -> int:
+        return sum(m.queued for m in self._driver.snapshot().models if m.name in names)
+
+    async def _drop(self, target: str) -> None:
+        self._metrics.instance_aliases.pop(target, None)
+        with contextlib.suppress(KeyError):  # already gone
+            await self._driver.unregister_model(target)
 
     async def remove_model(self, name: str) -> None:
         """Unregister every instance of folder ``name`` (queued requests are answered
         ``unknown_model``, running ones finish), then delete the folder. Raises ServiceError."""
-        async with self._lock:
+        async with self._lock, self._changing():
             self._check_not_instance(name)
             entry = self._served.get(name)
             if entry is not None:
@@ -191,10 +291,11 @@ class DaemonService:
     async def rescan(self) -> RescanReport:
         """Bring the served models in line with the repository: unregister removed or changed
         folders, register new or changed ones. Failures are logged and reported."""
-        async with self._lock:
-            entries = {
-                entry.name: entry for entry in await asyncio.to_thread(self._repository.scan)
-            }
+        async with self._lock, self._changing():
+            scan = await asyncio.to_thread(self._repository.scan_report)
+            for problem in scan.problems:
+                log.warning("model folder %r skipped: %s", problem.folder, problem.reason)
+            entries = {entry.name: entry for entry in scan.entries}
             removed = [name for name, old in self._served.items() if entries.get(name) != old]
             for name in removed:
                 await self._unregister(self._served[name])
@@ -209,7 +310,7 @@ class DaemonService:
                     failed.append(name)
                 else:
                     added.append(name)
-            return RescanReport(tuple(added), tuple(removed), tuple(failed))
+            return RescanReport(tuple(added), tuple(removed), tuple(failed), scan.problems)
 
     # --- registration ----------------------------------------------------------------------------
 
@@ -227,8 +328,8 @@ class DaemonService:
             )
 
     async def _register(self, entry: ModelEntry) -> None:
-        """Register every instance of ``entry`` (profiled once, from the cache if there);
-        all or none. Raises ServiceError."""
+        """Register every instance of ``entry`` (profiled once, from the cache if there) and
+        route its names to them (`_switch`); all or none. Raises ServiceError."""
         self._check_budget(entry.name, entry.sha256, entry.size_bytes)
         if not any(executor.up for executor in self._driver.snapshot().executors):
             raise ServiceError(ApiCode.UNAVAILABLE, f"cannot register {entry.name!r}: no executor")
@@ -237,7 +338,8 @@ class DaemonService:
         done: list[RegisteredModel] = []
         try:
             for instance in entry.instances:
-                model = await self._register_instance(entry, instance, profile)
+                target = served_name(instance, entry.version)
+                model = await self._register_instance(entry, target, profile)
                 done.append(model)
                 profile = model.profile
         except BaseException:
@@ -246,16 +348,34 @@ class DaemonService:
             raise
         if profile is not None and profile != cached:
             await asyncio.to_thread(self._store_profile, entry, profile)
+        self._switch(entry, done)
+        log.info(
+            "model %r version %d registered as %s",
+            entry.name,
+            entry.version,
+            ", ".join(model.name for model in done),
+        )
+
+    def _switch(self, entry: ModelEntry, models: list[RegisteredModel]) -> None:
+        """Serve ``entry`` as ``models`` from now on, in one step (requests are routed by
+        `routes`); the instances of the version it replaces are no longer routed to."""
+        old = self._served.get(entry.name)
+        for instance in old.instances if old is not None else ():
+            self._instances.pop(instance, None)
+            self.routes.pop(instance, None)
         self._served[entry.name] = entry
-        self._instances.update((model.name, model) for model in done)
-        log.info("model %r registered as %s", entry.name, ", ".join(entry.instances))
+        for instance, model in zip(entry.instances, models, strict=True):
+            self._instances[instance] = model
+            self.routes[instance] = ModelRoute(model.name, entry.version)
+            if model.name != instance:
+                self._metrics.instance_aliases[model.name] = instance
 
     async def _register_instance(
-        self, entry: ModelEntry, instance: str, profile: RegistrationProfile | None
+        self, entry: ModelEntry, target: str, profile: RegistrationProfile | None
     ) -> RegisteredModel:
         try:
             return await self._driver.register_model(
-                instance,
+                target,
                 self._registration.path_for(entry),
                 batch_sizes=entry.batch_sizes if entry.batch_sizes_declared else (),
                 group=entry.group,
@@ -269,11 +389,10 @@ class DaemonService:
         """Stop serving every instance of ``entry`` (already gone ones are skipped)."""
         self._served.pop(entry.name, None)
         for instance in entry.instances:
-            self._instances.pop(instance, None)
-            try:
-                await self._driver.unregister_model(instance)
-            except KeyError:
-                continue
+            self.routes.pop(instance, None)
+            model = self._instances.pop(instance, None)
+            if model is not None:
+                await self._drop(model.name)
         log.info("model %r unregistered", entry.name)
 
     def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
@@ -286,6 +405,15 @@ class DaemonService:
             self._registration.cache.put(entry.sha256, machine, profile.to_json())
         except OSError as error:
             log.warning("profile of %r not cached: %s", entry.name, error)
+
+
+def _nothing() -> None:
+    pass
+
+
+def served_name(instance: str, version: int) -> str:
+    """The name the request path serves ``version`` of ``instance`` under."""
+    return instance if version == 1 else f"{instance}@v{version}"
 
 
 def _read_files(entry: ModelEntry) -> tuple[bytes, str | None]:

@@ -109,14 +109,18 @@ class FakeService:
     def list_models(self) -> list[ModelStatus]:
         return list(self.models.values())
 
-    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
+    async def add_model(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+    ) -> ModelStatus:
         if self.add_gate is not None:
             await self.add_gate.wait()
-        if name in self.models:
+        old = self.models.get(name)
+        if old is not None and not replace:
             raise ServiceError("model_exists", f"model {name!r} exists")
         if not onnx_bytes.startswith(b"ONNX"):
             raise ServiceError("bad_model", "not an ONNX file")
-        status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,))
+        version = old.version + 1 if old is not None else 1
+        status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,), version=version)
         self.models[name] = status
         return status
 

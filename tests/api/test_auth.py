@@ -10,7 +10,7 @@ import pytest
 from clockwork_async.api.auth import ALL_SCOPES, INFER_ONLY, Scope, TokenAuth
 from clockwork_async.api.server import ServerLimits
 from clockwork_async.api.session import slo_ms_to_ns
-from clockwork_async.runtime.dispatcher import resolve_deadline_ns
+from clockwork_async.runtime.requests import resolve_deadline_ns
 from clockwork_async.wire.codec import Decoder, Encoder
 from clockwork_async.wire.messages import (
     CLIENT_REPLIES,

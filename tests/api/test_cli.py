@@ -4,7 +4,10 @@ server in its own thread."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +98,37 @@ def test_models_list_add_remove(
     assert "fresh" not in threaded_server.service.models
 
 
+def test_models_add_replace_bumps_the_version_shown_in_list(
+    threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ["--address", threaded_server.address]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"ONNX fake")
+    assert main(["models", "add", "swapped", str(onnx), *address]) == 0
+    assert main(["models", "add", "swapped", str(onnx), "--replace", *address]) == 0
+    assert threaded_server.service.models["swapped"].version == 2
+    capsys.readouterr()
+    assert main(["models", "list", "--json", *address]) == 0
+    listed = {m["name"]: m["version"] for m in json.loads(capsys.readouterr().out)}
+    assert listed["swapped"] == 2
+
+
+def test_models_list_columns_stay_apart_for_long_names(
+    threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ["--address", threaded_server.address]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"ONNX fake")
+    long_name = "a-model-name-of-forty-characters-long-x"
+    assert main(["models", "add", long_name, str(onnx), *address]) == 0
+    capsys.readouterr()
+    assert main(["models", *address]) == 0
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split()[:4] == ["name", "version", "group", "state"]
+    (row,) = [line for line in rows if line.startswith(long_name)]
+    assert row.split()[:4] == [long_name, "1", long_name, "ready"]  # the fake's group: its name
+
+
 def test_models_json_lists_every_model(
     threaded_server: ThreadedServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -117,6 +151,35 @@ def test_stats_and_health(
     threaded_server.service.health_now = type(threaded_server.service.health_now)(True, False, "x")
     assert main(["health", *address]) == 1
     assert "not ready: x" in capsys.readouterr().out
+
+
+def test_a_reader_that_goes_away_ends_the_verb_quietly(threaded_server: ThreadedServer) -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # `clockwork-async stats | head` once head has exited
+    argv = [sys.executable, "-m", "clockwork_async", "stats", "--address", threaded_server.address]
+    try:
+        done = subprocess.run(
+            argv, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, check=False
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+def test_bench_without_matplotlib_keeps_its_summary(
+    threaded_server: ThreadedServer,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    argv = ["bench", "--models", "echo", "--rate", "50", "--duration-s", "0.2"]
+    argv += ["--plot", str(tmp_path / "png"), "--address", threaded_server.address]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["plots"] == [] and summary["ok"] >= 1
+    assert "Traceback" not in captured.err and "matplotlib not installed" in captured.err
 
 
 def test_bench_open_loop_summary(

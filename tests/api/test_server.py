@@ -64,6 +64,19 @@ async def test_infer_round_trip_carries_outputs_timing_and_deadline(
     assert service.submitted[1].slo_ns is None and service.submitted[1].deadline_unix_ns == 123
 
 
+async def test_async_client_is_the_twin_of_client_made_from_an_address(server: ApiServer) -> None:
+    async with AsyncClient(server.address, name="twin") as client:
+        assert (await client.infer("echo", {"x": ROW})).ok
+        assert client.server_name == "clockwork-async"
+    unopened = AsyncClient(server.address)
+    with pytest.raises(ConnectionClosedError, match="not connected"):
+        await unopened.infer("echo", {"x": ROW})
+    await unopened.close()  # nothing to close
+    with pytest.raises(ConnectError):
+        async with AsyncClient(server.address, connect_timeout_s=0.0):
+            pass
+
+
 async def test_a_request_screened_at_the_door_is_answered_overloaded_without_its_tensors(
     server: ApiServer, service: FakeService, client: AsyncClient
 ) -> None:
@@ -82,6 +95,26 @@ async def test_unknown_model_and_bad_deadlines_are_named(client: AsyncClient) ->
     assert both.status == "bad_input" and "not both" in both.message
     for slo_ms in (0.0, -1.0, float("nan"), float("inf")):
         assert (await client.infer("echo", {"x": ROW}, slo_ms=slo_ms)).status == "bad_input"
+
+
+async def test_deadlines_that_do_not_fit_64_bits_are_bad_input_naming_the_limit(
+    service: FakeService,
+) -> None:
+    api = await _serve(service, unix_now_ns=lambda: 10**18)
+    try:
+        async with await AsyncClient.connect(api.address) as client:
+            huge = await client.infer("echo", {"x": ROW}, slo_ms=1e15)
+            assert huge.status == "bad_input"
+            assert "1e+15" in huge.message and "4611686018427 ms" in huge.message
+            for deadline_unix_ns in (10**18 + (1 << 62) + 1, 10**18 - (1 << 62) - 1):
+                far = await client.infer("echo", {"x": ROW}, deadline_unix_ns=deadline_unix_ns)
+                assert far.status == "bad_input", far
+                assert str(deadline_unix_ns) in far.message and str(1 << 62) in far.message
+            edge = await client.infer("echo", {"x": ROW}, deadline_unix_ns=10**18 + (1 << 62))
+            assert edge.ok
+            assert [s.deadline_unix_ns for s in service.submitted] == [10**18 + (1 << 62)]
+    finally:
+        await api.close(0.5)
 
 
 async def test_pipelined_requests_are_answered_out_of_order(

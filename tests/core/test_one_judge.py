@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from clockwork_async.core.errors import InvalidEvent
-from clockwork_async.core.events import Abandon, Arrivals, RequestArrived, ReturnHop, StartInfer
+from clockwork_async.core.events import (
+    Abandon,
+    ActionFinished,
+    Arrivals,
+    RequestArrived,
+    ReturnHop,
+    StartInfer,
+)
 from clockwork_async.core.outcomes import Outcome
 
 from .harness import MS, RESNET, Harness, only
@@ -25,12 +32,17 @@ def test_the_return_hop_moves_the_planned_end_earlier_not_the_judgment() -> None
     h.at(0, ReturnHop(2 * MS))
     (infer,) = only(h.request(1, "m", 20 * MS), StartInfer)
     assert infer.latest_ns + infer.predicted_ns <= 20 * MS - 2 * MS
-    # The result is handled 1 ms after the planned end's budget, still before the deadline.
-    h.finish(infer, end_ns=infer.planned_start_ns + B1_NS, at_ns=19 * MS)
+    # Handled with exactly the return hop left for the reply to go out: ok.
+    h.finish(infer, end_ns=infer.planned_start_ns + B1_NS, at_ns=18 * MS)
     assert h.outcome(1) is Outcome.OK
+    # Handled before the deadline but with less than the hop left: late, never ok.
     (second,) = only(h.request(2, "m", 20 * MS, at_ns=20 * MS), StartInfer)
-    h.finish(second, end_ns=second.planned_start_ns + B1_NS, at_ns=40 * MS + 1)
-    assert h.outcome(2) is Outcome.LATE  # handled past the true deadline: late, never ok
+    h.finish(second, end_ns=second.planned_start_ns + B1_NS, at_ns=38 * MS + 1)
+    assert h.outcome(2) is Outcome.LATE
+    assert "less than the 2.000 ms its reply needs" in h.replies[2][0].message
+    (third,) = only(h.request(3, "m", 20 * MS, at_ns=40 * MS), StartInfer)
+    h.finish(third, end_ns=third.planned_start_ns + B1_NS, at_ns=60 * MS + 1)
+    assert h.outcome(3) is Outcome.LATE and "after the deadline" in h.replies[3][0].message
 
 
 def test_a_return_hop_that_leaves_no_room_refuses_at_arrival() -> None:
@@ -67,3 +79,23 @@ def test_abandon_answers_every_accepted_request_once_and_ignores_later_results()
     assert h.ctl.pending() == 0
     h.finish(infer)  # its result comes after all: no second answer
     assert len(h.replies[1]) == 1
+
+
+def test_hops_that_ride_with_a_result_are_learned_before_it_is_settled() -> None:
+    h = Harness()
+    _ready(h)
+    (infer,) = only(h.request(1, "m", 100 * MS), StartInfer)
+    event = ActionFinished(
+        "e1",
+        infer.action_id,
+        start_ns=infer.planned_start_ns,
+        end_ns=infer.planned_start_ns + B1_NS,
+        duration_ns=B1_NS,
+        return_hop_ns=3 * MS,
+        lead_ns=1 * MS,
+    )
+    h.at(100 * MS - 2 * MS, event)  # 2 ms left: less than the 3 ms hop it just brought
+    assert h.outcome(1) is Outcome.LATE
+    assert h.ctl.executor("e1").lead_ns == 1 * MS
+    with pytest.raises(InvalidEvent):
+        h.at(h.now_ns, ActionFinished("e1", 999, return_hop_ns=-1))

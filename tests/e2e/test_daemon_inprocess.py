@@ -9,6 +9,9 @@ import io
 import logging
 import os
 import signal
+import socket
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,22 @@ async def test_a_stop_while_starting_stops_cleanly_and_restores_signal_handlers(
     assert "stopped while starting" in caplog.text
     assert {signum: signal.getsignal(signum) for signum in before} == before
     assert not children(os.getpid())  # even one spawned as the stop came was stopped
+
+
+@pytest.mark.parametrize("key", ["server.listen", "metrics.listen"])
+async def test_a_busy_port_fails_the_start_before_any_executor_is_spawned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    add_tiny(tmp_path / "models")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        daemon = sim_daemon(tmp_path, **{key: address})
+        assert await daemon.run() == 1
+    assert daemon.supervisor is None  # no executor was spawned
+    assert f"{key} = {address}: the" in caplog.text and "cannot listen there" in caplog.text
+    assert state_of(daemon) is DaemonState.STOPPED
 
 
 async def test_a_served_daemon_stops_on_request_and_reports_its_addresses(tmp_path: Path) -> None:
@@ -124,6 +143,47 @@ async def test_pinning_the_controller_can_be_turned_off(tmp_path: Path) -> None:
     assert daemon.controller_cpu is None and os.sched_getaffinity(0) == affinity
     daemon.request_stop()
     assert await run == 0
+
+
+async def test_readyz_says_why_while_starting_and_the_api_accepts_only_once_serving(
+    tmp_path: Path,
+) -> None:
+    add_tiny(tmp_path / "models")
+    daemon = sim_daemon(tmp_path)
+    gate = asyncio.Event()
+    start_executors = daemon._start_executors
+
+    async def held(cpus: tuple[int, ...]) -> None:
+        await gate.wait()
+        await start_executors(cpus)
+
+    daemon._start_executors = held  # type: ignore[method-assign]
+    run = asyncio.ensure_future(daemon.run())
+    while not daemon.metrics_address and not run.done():
+        await asyncio.sleep(0.01)
+    try:
+        assert await asyncio.to_thread(http_get, daemon.metrics_address, "/readyz") == (
+            503,
+            "not ready: starting executors\n",
+        )
+        host, port = daemon.api_address.rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError):  # bound, not accepting yet
+            await asyncio.open_connection(host, int(port))
+    finally:
+        gate.set()
+    while state_of(daemon) is DaemonState.STARTING and not run.done():
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(http_get, daemon.metrics_address, "/readyz") == (200, "ready\n")
+    daemon.request_stop()
+    assert await run == 0
+
+
+def http_get(address: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 def test_impossible_transitions_raise(tmp_path: Path) -> None:

@@ -83,6 +83,35 @@ def test_sigterm_drains_answers_everything_and_exits_0(
     assert "daemon stopped" in daemon.log()
 
 
+def test_systemd_status_follows_model_adds_and_removes(
+    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+) -> None:
+    receiver, path = notify_socket
+    add_tiny(tmp_path / "models")
+    config = write_config(tmp_path, sim_executor())
+    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": path})
+    daemon = DaemonProcess.start(tmp_path, config, env=env)
+    try:
+        ready = _until_prefix(receiver, b"READY=1")
+        assert ready.startswith(b"READY=1\nSTATUS=serving 1 models on 1 executors (1 up)")
+        with Client(daemon.api, timeout_s=30.0) as client:
+            client.add_model("second", (tmp_path / "models" / "tiny" / "model.onnx").read_bytes())
+            added = _until_prefix(receiver, b"STATUS=")
+            assert added.startswith(b"STATUS=serving 2 models on 1 executors"), added
+            client.remove_model("second")
+            removed = _until_prefix(receiver, b"STATUS=")
+            assert removed.startswith(b"STATUS=serving 1 models on 1 executors"), removed
+    finally:
+        assert daemon.stop() == 0, daemon.log()
+
+
+def _until_prefix(receiver: socket.socket, prefix: bytes) -> bytes:
+    """The first datagram that starts with ``prefix`` (others, such as WATCHDOG=1, skipped)."""
+    while not (datagram := receiver.recv(4096)).startswith(prefix):
+        pass
+    return datagram
+
+
 def _until(receiver: socket.socket, last: bytes) -> list[bytes]:
     """Datagrams up to and including ``last``."""
     datagrams = [receiver.recv(4096)]

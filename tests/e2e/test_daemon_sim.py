@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.client import ApiError, Client
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.demo_models import build_tiny
@@ -93,8 +94,18 @@ def test_no_reply_is_ok_after_its_deadline(client: Client) -> None:
 def test_absolute_deadlines_are_converted_from_unix_time(client: Client) -> None:
     past = client.infer("tiny", row(1), deadline_unix_ns=time.time_ns() - 1_000 * MS_NS)
     assert past.status == Outcome.INFEASIBLE
+    assert "(0.00 ms left)" in past.message and "-" not in past.message  # not a -1000 ms SLO
     future = client.infer("tiny", row(2), deadline_unix_ns=time.time_ns() + 2_000 * MS_NS)
     assert future.ok and future.outputs["output"][0, 0] == 2
+
+
+def test_deadlines_too_far_for_the_wire_are_bad_input_not_internal(client: Client) -> None:
+    huge_slo = client.infer("tiny", row(1), slo_ms=1e15)
+    assert huge_slo.status == Outcome.BAD_INPUT and "slo_ms" in huge_slo.message
+    for distance_ns in (1 << 63, -(1 << 63)):
+        far = client.infer("tiny", row(1), deadline_unix_ns=time.time_ns() + distance_ns)
+        assert far.status == Outcome.BAD_INPUT and "deadline_unix_ns" in far.message
+    assert client.infer("tiny", row(3), slo_ms=SLO_MS).ok
 
 
 def test_unknown_models_and_bad_inputs_are_rejected_with_reasons(client: Client) -> None:
@@ -114,6 +125,35 @@ def test_models_are_added_and_removed_at_runtime(daemon: DaemonProcess, client: 
     assert client.infer("tiny-copy", row(0), slo_ms=SLO_MS).status == Outcome.UNKNOWN_MODEL
     assert "tiny-copy" not in {model.name for model in client.models()}
     assert not (Path(daemon_repository(daemon)) / "tiny-copy").exists()
+
+
+def test_adding_onto_a_taken_name_is_model_exists(client: Client) -> None:
+    with pytest.raises(ApiError) as refused:
+        client.add_model("tiny", TINY_FILE)
+    assert refused.value.code == "model_exists"
+    assert client.infer("tiny", row(2), slo_ms=SLO_MS).ok
+
+
+async def test_a_replace_finishes_sent_requests_on_the_old_version(daemon: DaemonProcess) -> None:
+    image = {"input": np.full((1, 3, 224, 224), 9.0, np.float32)}
+    async with (
+        await AsyncClient.connect(daemon.api) as sender,
+        await AsyncClient.connect(daemon.api) as admin,
+    ):
+        await admin.add_model("swap", TINY_FILE, 'sim_profile = "resnet50-v100"\n')
+        try:
+            sent = [sender.start_infer("swap", image, slo_ms=SLO_MS) for _ in range(64)]
+            await sender.ping()  # the daemon has read (and routed) every one of them
+            status = await admin.add_model("swap", TINY_FILE, replace=True)  # tiny-sim rows
+            assert status.version == 2 and status.inputs[0].shape == (-1, 4)
+            old = [await pending for pending in sent]
+            assert {(r.status, r.model_version) for r in old} == {("ok", 1)}
+            new = await sender.infer("swap", row(6), slo_ms=SLO_MS)
+            assert new.ok and new.model_version == 2 and new.outputs["output"][0, 0] == 6
+            listed = {m.name: m.version for m in await admin.models()}
+            assert listed["swap"] == 2 and listed["tiny"] == 1
+        finally:
+            await admin.remove_model("swap")
 
 
 def test_copies_become_instances_sharing_one_file(client: Client) -> None:
@@ -204,22 +244,34 @@ def test_a_busy_port_fails_the_start_with_status_1(tmp_path: Path) -> None:
         args = ["--config", str(config), "--set", f"server.listen=127.0.0.1:{port}"]
         finished = run_serve(tmp_path, args)
     assert finished.returncode == 1
-    assert f"client API on 127.0.0.1:{port}" in finished.stderr
-    assert "daemon stopped" in finished.stderr  # its executor was stopped too
+    assert f"server.listen = 127.0.0.1:{port}: the client API cannot" in finished.stderr
+    assert "executor local-0" not in finished.stderr  # the port failed it before any executor
+    assert "daemon stopped" in finished.stderr
 
 
 def test_sighup_registers_new_folders_and_drops_removed_ones(
     daemon: DaemonProcess, client: Client
 ) -> None:
     folder = add_tiny(Path(daemon_repository(daemon)), "by-hand")
+    (Path(daemon_repository(daemon)) / "no-model").mkdir()
     daemon.signal(signal.SIGHUP)
     _wait_for_models(client, lambda names: "by-hand" in names)
+    _wait_for_log(daemon, "rescan: added ['by-hand']")
+    assert "skipped [no-model (no-model/ has no model.onnx)]" in daemon.log()
+    (Path(daemon_repository(daemon)) / "no-model").rmdir()
     assert client.infer("by-hand", row(5), slo_ms=SLO_MS).outputs["output"][0, 0] == 5
     shutil.rmtree(folder)
     daemon.signal(signal.SIGHUP)
     _wait_for_models(client, lambda names: "by-hand" not in names)
     assert client.infer("by-hand", row(5)).status == Outcome.UNKNOWN_MODEL
     assert client.infer("tiny", row(1), slo_ms=SLO_MS).ok
+
+
+def _wait_for_log(daemon: DaemonProcess, text: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in daemon.log():
+        assert time.monotonic() < deadline, f"{text!r} not logged"
+        time.sleep(0.05)
 
 
 def _wait_for_models(

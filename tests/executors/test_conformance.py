@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clockwork_async.executors.main import parse_bytes, parse_cpus
+from clockwork_async.executors.flags import parse_bytes, parse_cpus
 
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,

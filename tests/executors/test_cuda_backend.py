@@ -31,8 +31,8 @@ from clockwork_async.executors.device_ops import (
     cuda_unavailable_reason,
     open_cuda,
 )
+from clockwork_async.executors.flags import parse_device
 from clockwork_async.executors.host import ExecutorHost
-from clockwork_async.executors.main import parse_device
 from clockwork_async.executors.onnxruntime_cuda import BoundLoaded, BoundOrtBackend, WeightsMode
 from clockwork_async.executors.ort_binding import (
     host_read_initializers,

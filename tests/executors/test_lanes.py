@@ -1,7 +1,7 @@
 """Lanes: ordering by earliest start, too-late rejection, one job at a time, clean shutdown.
 
-Ordering is checked exactly: `LaneQueue` on plain integers, `Lane` on a virtual clock that jumps
-(jobs submitted before the lane starts, so the thread's run is deterministic)."""
+Ordering is checked exactly on a virtual clock that jumps (jobs submitted before the lane
+starts, so the thread's run is deterministic); the pure `LaneQueue` is in test_lane_rules.py."""
 
 from __future__ import annotations
 
@@ -11,74 +11,14 @@ import threading
 import time
 
 import pytest
-from clockwork_async.executors.lanes import (
-    NEVER_NS,
-    Lane,
-    LaneClosed,
-    LaneJob,
-    LaneQueue,
-    Rejection,
-    RejectJob,
-    RunJob,
-    WaitUntil,
-    WarmClock,
-)
+from clockwork_async.executors.lanes import Lane, LaneClosed, LaneJob, Rejection, WarmClock
 from clockwork_async.executors.precise import precise_wait_ns, precise_wait_until, yield_while
+
+from clockwork_async.lane_rules import NEVER_NS
 
 
 def _noop_job(earliest_ns: int, latest_ns: int = NEVER_NS) -> LaneJob:
     return LaneJob(earliest_ns, latest_ns, run=lambda _start: None, reject=lambda _w, _n: None)
-
-
-# --- LaneQueue: pure ordering -------------------------------------------------------------
-
-
-def test_empty_queue_has_no_step() -> None:
-    assert LaneQueue().next_step(0) is None
-
-
-def test_head_is_the_smallest_earliest_and_waits_until_it() -> None:
-    queue = LaneQueue()
-    late, early = _noop_job(300), _noop_job(100)
-    queue.push(late)
-    queue.push(early)
-    assert queue.next_step(50) == WaitUntil(100)
-    assert queue.next_step(100) == RunJob(early)
-    assert queue.next_step(100) == WaitUntil(300)
-    assert queue.next_step(301) == RunJob(late)
-    assert len(queue) == 0
-
-
-def test_ties_go_in_order_of_arrival() -> None:
-    queue = LaneQueue()
-    jobs = [_noop_job(10) for _ in range(5)]
-    for job in jobs:
-        queue.push(job)
-    assert [queue.next_step(10) for _ in jobs] == [RunJob(job) for job in jobs]
-
-
-def test_a_job_past_its_latest_is_rejected_not_run() -> None:
-    queue = LaneQueue()
-    job = _noop_job(10, latest_ns=20)
-    queue.push(job)
-    assert queue.next_step(21) == RejectJob(job)
-    assert queue.next_step(21) is None
-
-
-def test_a_job_may_start_exactly_at_latest() -> None:
-    queue = LaneQueue()
-    job = _noop_job(10, latest_ns=20)
-    queue.push(job)
-    assert queue.next_step(20) == RunJob(job)
-
-
-def test_drain_returns_jobs_in_lane_order() -> None:
-    queue = LaneQueue()
-    second, first = _noop_job(2), _noop_job(1)
-    queue.push(second)
-    queue.push(first)
-    assert queue.drain() == [first, second]
-    assert len(queue) == 0
 
 
 # --- Lane on a virtual clock ----------------------------------------------------------------

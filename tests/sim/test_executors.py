@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clockwork_async.core.events import ActionFinished, StartInfer, StartLoad, StartUnload
+from clockwork_async.lane_rules import UNLOAD_WAIT_NS, LaneQueue, RunJob, WaitUntil
 from clockwork_async.sim.executors import SimExecutor, SimLane
 from clockwork_async.sim.profiles import SimProfile
 
@@ -28,12 +30,12 @@ PROFILE = SimProfile(
 class Harness:
     """One SimExecutor on a tiny virtual clock."""
 
-    def __init__(self, noise: float = 0.0, seed: int = 0) -> None:
+    def __init__(self, noise: float = 0.0, seed: int = 0, profile: SimProfile = PROFILE) -> None:
         self.heap: list[tuple[int, int, int, SimLane]] = []
         self.seq = 0
         self.results: list[ActionFinished] = []
         self.executor = SimExecutor(
-            "e0", PROFILE, self._schedule, self._report, noise, random.Random(seed)
+            "e0", profile, self._schedule, self._report, noise, random.Random(seed)
         )
 
     def _schedule(self, time_ns: int, kind: int, _executor: object, lane: object) -> None:
@@ -139,6 +141,62 @@ def test_load_takes_pages_and_unload_frees_them() -> None:
     assert executor.pages_free == 2
 
 
+def full_harness(profile: SimProfile = PROFILE) -> Harness:
+    """Models "m" and "n" loaded (2 ms each, one after the other): no page is free."""
+    harness = Harness(profile=profile)
+    harness.executor.deliver(load(1, "m"), 0)
+    harness.executor.deliver(load(2, "n"), 0)
+    harness.run()
+    assert harness.executor.pages_free == 0
+    return harness
+
+
+def test_an_unload_waits_for_the_running_infer_and_goes_ahead_of_waiting_ones() -> None:
+    harness = full_harness()
+    executor = harness.executor
+    executor.deliver(infer(3, earliest=4 * MS, model="m"), 4 * MS)  # runs 4..5 ms
+    executor.deliver(infer(4, earliest=4 * MS + 1, model="n"), 4 * MS)
+    executor.deliver(infer(5, earliest=4 * MS + 2, model="m"), 4 * MS)
+    executor.deliver(StartUnload("e0", 6, "m"), 4 * MS)
+    assert executor.pages_free == 0  # not at once: the execute lane is busy
+    harness.run()
+    assert harness.result(6) == ActionFinished("e0", 6, "", 5 * MS, 5 * MS)
+    assert harness.result(4) == ActionFinished("e0", 4, "", 5 * MS, 6 * MS, 1 * MS)
+    assert harness.result(5) == ActionFinished("e0", 5, "not_loaded", 6 * MS, 6 * MS)
+
+
+def test_a_load_short_of_pages_waits_for_the_pending_unload() -> None:
+    harness = full_harness()
+    executor = harness.executor
+    executor.deliver(infer(3, earliest=4 * MS, model="m"), 4 * MS)  # runs 4..5 ms
+    executor.deliver(StartUnload("e0", 4, "n"), 4 * MS)
+    executor.deliver(load(5, "o", earliest=4 * MS), 4 * MS)
+    harness.run()
+    assert harness.result(4).end_ns == 5 * MS
+    # Started by its lane at 4 ms, loading from 5 to 7 ms; its duration is the loading alone.
+    assert harness.result(5) == ActionFinished("e0", 5, "", 4 * MS, 7 * MS, 2 * MS)
+
+
+def test_a_load_short_of_pages_without_pending_unloads_is_refused_at_once() -> None:
+    harness = full_harness()
+    harness.executor.deliver(load(3, "o", earliest=4 * MS), 4 * MS)
+    harness.run()
+    assert harness.result(3) == ActionFinished("e0", 3, "no_pages", 4 * MS, 4 * MS)
+
+
+def test_a_load_waits_for_pending_unloads_at_most_unload_wait_ns() -> None:
+    slow = dataclasses.replace(PROFILE, execute_ns={1: 3 * UNLOAD_WAIT_NS})
+    harness = full_harness(slow)
+    executor = harness.executor
+    executor.deliver(infer(3, earliest=4 * MS, model="m"), 4 * MS)  # the UNLOAD waits behind it
+    executor.deliver(StartUnload("e0", 4, "n"), 4 * MS)
+    executor.deliver(load(5, "o", earliest=4 * MS), 4 * MS)
+    harness.run()
+    gave_up_ns = 4 * MS + UNLOAD_WAIT_NS
+    assert harness.result(5) == ActionFinished("e0", 5, "no_pages", gave_up_ns, gave_up_ns)
+    assert harness.result(4).end_ns == 4 * MS + 3 * UNLOAD_WAIT_NS
+
+
 def test_a_batch_size_the_profile_lacks_is_bad_input() -> None:
     harness = loaded_harness()
     harness.executor.deliver(infer(2, earliest=2 * MS, batch=4), 2 * MS)
@@ -174,18 +232,17 @@ def test_noise_is_seeded(seed: int) -> None:
     assert all(MS // 2 <= d for d in first)
 
 
-# --- Conformance with the real executor's lane ordering -------------------------------------
-
-lanes = pytest.importorskip("clockwork_async.executors.lanes")
+# --- Conformance with the lane rules, driven the plain way ---------------------------------
 
 
 def real_lane_schedule(deliveries: list[tuple[int, int, int]]) -> dict[int, tuple[str, int]]:
-    """Action id -> ("run" | "too_late", time) under the real `LaneQueue`, 1 ms per action.
+    """Action id -> ("run" | "too_late", time) under `LaneQueue` (the real executor's lane
+    order) driven step by step, 1 ms per action.
     ``deliveries`` are (delivered_at, earliest, latest), action ids 2, 3, ... in list order."""
     lane = _ReferenceLane()
     for at, action_id, earliest, latest in _ordered(deliveries):
         lane.advance(until_ns=at)
-        lane.queue.push(lanes.LaneJob(earliest, latest, _Tag(action_id), _Tag(action_id)))
+        lane.queue.push(action_id, earliest, latest)
         lane.step(at)
     lane.advance(until_ns=2**62)
     return lane.outcome
@@ -202,7 +259,7 @@ class _ReferenceLane:
     """A lane on a virtual clock: `LaneQueue` decides, actions take 1 ms."""
 
     def __init__(self) -> None:
-        self.queue = lanes.LaneQueue()
+        self.queue: LaneQueue[int] = LaneQueue()
         self.outcome: dict[int, tuple[str, int]] = {}
         self.busy_until_ns = 0
         self.now_ns = 0
@@ -212,11 +269,11 @@ class _ReferenceLane:
         """Run or reject what is due at ``now_ns`` while the lane is free."""
         self.now_ns, self.wait_ns = now_ns, None
         while now_ns >= self.busy_until_ns and (step := self.queue.next_step(now_ns)) is not None:
-            if isinstance(step, lanes.WaitUntil):
+            if isinstance(step, WaitUntil):
                 self.wait_ns = step.time_ns
                 return
-            ran = isinstance(step, lanes.RunJob)
-            self.outcome[step.job.run.action_id] = ("run" if ran else "too_late", now_ns)
+            ran = isinstance(step, RunJob)
+            self.outcome[step.job] = ("run" if ran else "too_late", now_ns)
             if ran:
                 self.busy_until_ns = now_ns + MS
 
@@ -228,16 +285,6 @@ class _ReferenceLane:
             if next_ns is None or next_ns >= until_ns:
                 return
             self.step(next_ns)
-
-
-class _Tag:
-    """A LaneJob callback that only carries its action id (the reference never calls it)."""
-
-    def __init__(self, action_id: int) -> None:
-        self.action_id = action_id
-
-    def __call__(self, *args: object) -> None:
-        raise AssertionError("never called")
 
 
 def sim_lane_schedule(deliveries: list[tuple[int, int, int]]) -> dict[int, tuple[str, int]]:

@@ -27,15 +27,19 @@ from clockwork_async.wire.messages import (
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     ActionResult,
+    AddModel,
     Error,
     ErrorCode,
     ExecutorInfo,
     GetState,
     Hello,
     Infer,
+    InferReply,
     Load,
     Message,
     ModelInfo,
+    ModelsReply,
+    ModelStatus,
     Ping,
     Pong,
     RegisterModel,
@@ -236,6 +240,26 @@ def test_buffer_updated_without_get_buffer_is_a_programming_error() -> None:
 def test_omitted_defaulted_fields_take_their_defaults() -> None:
     (result,) = decode_all(frame({"t": "action_result", "action_id": 3}))
     assert result == ActionResult(3)
+
+
+def _header(message: Message) -> dict[str, Any]:
+    header: dict[str, Any] = msgpack.unpackb(Encoder().encode(message)[0][PREFIX.size :])
+    return header
+
+
+def test_added_fields_are_left_out_at_their_default_so_older_peers_read_them() -> None:
+    upload = {"model.onnx": np.zeros(3, np.uint8)}
+    assert "replace" not in _header(AddModel(1, "m", upload))
+    assert _header(AddModel(1, "m", upload, replace=True))["replace"] is True
+    assert "model_version" not in _header(InferReply(1, "ok", ""))
+    assert _header(InferReply(1, "ok", "", model_version=2))["model_version"] == 2
+    plain, versioned = ModelStatus("m", "m", "ready"), ModelStatus("m", "m", "ready", version=3)
+    assert "version" not in _header(ModelsReply(1, "ok", "", (plain,)))["models"][0]
+    assert _header(ModelsReply(1, "ok", "", (versioned,)))["models"][0]["version"] == 3
+    (upload_back,) = decode_all(Encoder().encode_bytes(AddModel(1, "m", upload, replace=True)))
+    assert isinstance(upload_back, AddModel) and upload_back.replace
+    listed = ModelsReply(1, "ok", "", (versioned,))
+    assert decode_all(Encoder().encode_bytes(listed)) == [listed]
 
 
 def _error_of(data: bytes, decoder: Decoder | None = None) -> ProtocolError:

@@ -1,6 +1,8 @@
 """The asyncio client of the daemon's client API (`clockwork_async.client` is the public
 facade, with the blocking `Client`).
 
+One idea: one connection to the daemon, as a client program uses it.
+
 It pipelines: many calls may be in flight on one connection at once, each matched to its
 reply by a request id the client chooses; replies may come in any order.
 
@@ -130,6 +132,7 @@ class InferResult:
     timing_ns: dict[str, int] = field(default_factory=dict)
     executor_id: str = ""
     batch_size: int = 0
+    model_version: int = 0  # the version of the model that answered (0: not told)
 
     @property
     def ok(self) -> bool:
@@ -153,6 +156,7 @@ class InferResult:
             dict(reply.timing_ns),
             reply.executor_id,
             reply.batch_size,
+            reply.model_version,
         )
 
 
@@ -191,19 +195,33 @@ class PendingInfer:
         self._future.add_done_callback(done)
 
 
-class AsyncClient:
-    """One connection to the daemon. Make it with `connect`; use it from one event loop."""
+NOT_CONNECTED = "not connected: use `async with AsyncClient(address)` or AsyncClient.connect"
 
-    def __init__(self, connection: Connection, address: str, server_name: str) -> None:
+
+class AsyncClient:
+    """One connection to the daemon, the asyncio twin of `client.Client`: ``async with
+    AsyncClient(address) as client:`` connects on entry, as does ``await
+    AsyncClient.connect(address)``. Use it from one event loop."""
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        connect_timeout_s: float = 10.0,
+        **options: Unpack[ConnectOptions],
+    ) -> None:
+        """Nothing is sent until `open` (``async with`` calls it)."""
         self.address = address
-        self.server_name = server_name
-        self._connection = connection
+        self.server_name = ""
+        self._connect_timeout_s = connect_timeout_s
+        self._options = options
+        self._connection: Connection | None = None
+        self._reader: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
         self._waiters: dict[int, asyncio.Future[Message]] = {}
         self._pings: dict[int, asyncio.Future[Message]] = {}
-        self._ended: str | None = None
+        self._ended: str | None = NOT_CONNECTED
         self._server_error = ""
-        self._reader = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
     async def connect(
@@ -213,8 +231,18 @@ class AsyncClient:
         timeout_s: float = 10.0,
         **options: Unpack[ConnectOptions],
     ) -> AsyncClient:
-        """Connect and exchange hellos within ``timeout_s`` (`ConnectOptions` says the rest).
-        Raises ConnectError; ValueError for a bad address."""
+        """A client connected by `open` within ``timeout_s`` (`ConnectOptions` says the
+        rest). Raises ConnectError; ValueError for a bad address."""
+        client = cls(address, connect_timeout_s=timeout_s, **options)
+        await client.open()
+        return client
+
+    async def open(self) -> None:
+        """Connect and exchange hellos within the connect timeout. Raises ConnectError;
+        ValueError for a bad address; RuntimeError if it was opened before."""
+        if self._connection is not None:
+            raise RuntimeError("this AsyncClient was opened already")
+        options, address, timeout_s = self._options, self.address, self._connect_timeout_s
         limits = Limits(
             max_tail_bytes=options.get("max_frame_bytes", DEFAULT_LIMITS.max_tail_bytes)
         )
@@ -228,7 +256,8 @@ class AsyncClient:
             raise ConnectError("timeout", f"no answer from {address} in {timeout_s:g} s") from None
         except OSError as error:
             raise ConnectError("unreachable", f"cannot connect to {address}: {error}") from None
-        return cls(connection, address, server)
+        self._connection, self.server_name, self._ended = connection, server, None
+        self._reader = asyncio.get_running_loop().create_task(self._read(connection))
 
     # --- infer --------------------------------------------------------------------------------
 
@@ -264,18 +293,25 @@ class AsyncClient:
         return list(reply.models)
 
     async def add_model(
-        self, name: str, path_or_bytes: str | Path | bytes, model_toml: str | None = None
+        self,
+        name: str,
+        path_or_bytes: str | Path | bytes,
+        model_toml: str | None = None,
+        *,
+        replace: bool = False,
     ) -> ModelStatus:
         """Upload an ONNX model (a local file, read here, or its bytes) and register it as
-        ``name``; returns its status. Raises ApiError (``bad_model``, ``model_exists``,
-        ``forbidden``, ...), OSError for an unreadable file, ConnectionClosedError."""
+        ``name``; returns its status. With ``replace``, it takes the name from the model
+        serving under it (requests already sent finish on that one). Raises ApiError
+        (``bad_model``, ``model_exists``, ``forbidden``, ...), OSError for an unreadable file,
+        ConnectionClosedError."""
         data = (
             path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         )
         files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
         request_id = next(self._ids)
         await self._drain()
-        future = self._call(request_id, AddModel(request_id, name, files, model_toml))
+        future = self._call(request_id, AddModel(request_id, name, files, model_toml, replace))
         reply = _checked(await self._wait(request_id, future))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]
@@ -319,15 +355,20 @@ class AsyncClient:
     async def close(self, flush_timeout_s: float = 5.0) -> None:
         """Close the connection, flushing what was sent for up to ``flush_timeout_s``; calls
         in flight fail with ConnectionClosedError."""
-        self._connection.close()
-        await self._reader
+        connection, reader = self._connection, self._reader
+        if connection is None or reader is None:
+            return  # never opened
+        connection.close()
+        await reader
         try:
-            await asyncio.wait_for(self._connection.wait_closed(), flush_timeout_s)
+            await asyncio.wait_for(connection.wait_closed(), flush_timeout_s)
         except TimeoutError:
-            self._connection.abort()
-            await self._connection.wait_closed()
+            connection.abort()
+            await connection.wait_closed()
 
     async def __aenter__(self) -> AsyncClient:
+        if self._connection is None:
+            await self.open()
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -360,29 +401,35 @@ class AsyncClient:
                     self._send(CancelInfer(request_id))  # ignored unless it was an infer
             raise
 
+    def _open_connection(self) -> Connection:
+        """The connection; raises ConnectionClosedError once it ended (or before `open`)."""
+        if self._ended is not None or self._connection is None:
+            raise ConnectionClosedError(self._ended or NOT_CONNECTED)
+        return self._connection
+
     def _send(self, message: Message) -> None:
-        if self._ended is not None:
-            raise ConnectionClosedError(self._ended)
+        connection = self._open_connection()
         try:
-            self._connection.send(message)
+            connection.send(message)
         except ConnectionClosed as error:
             raise ConnectionClosedError(self._closed_reason(str(error))) from None
 
     async def _drain(self) -> None:
+        connection = self._open_connection()
         try:
-            await self._connection.drain()
+            await connection.drain()
         except ConnectionClosed as error:
             raise ConnectionClosedError(self._closed_reason(str(error))) from None
 
-    async def _read(self) -> None:
+    async def _read(self, connection: Connection) -> None:
         try:
             while True:
-                self._dispatch(await self._connection.recv())
+                self._dispatch(await connection.recv())
         except ConnectionClosed as error:
             reason = str(error)
         except ProtocolError as error:
             reason = f"the daemon sent bytes that do not decode ({error})"
-            self._connection.abort()
+            connection.abort()
         self._end(self._closed_reason(reason))
 
     def _dispatch(self, message: Message) -> None:

@@ -1,5 +1,8 @@
 """The client API server: wire connections in, `Service` calls, replies out.
 
+One idea: the listener and what all its connections share (limits, counts, the upload budget,
+routes, the drain); each connection's own requests are `api.session`'s.
+
 Each connection starts with a ``hello`` (version checked by the decoder, then the token mapped
 to scopes, `api.auth`); then it carries pipelined requests with client-chosen ids, answered in
 whatever order they finish. See docs/protocol.md, "Client API".
@@ -28,13 +31,13 @@ import contextlib
 import logging
 import ssl as ssl_module
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Admin, Requests
+from clockwork_async.api.service import Admin, ModelRoute, Requests
 from clockwork_async.api.session import ApiSession
 from clockwork_async.config_keys import ranged
 from clockwork_async.connection import (
@@ -56,9 +59,6 @@ from clockwork_async.wire.messages import (
     Hello,
     Role,
 )
-
-if TYPE_CHECKING:
-    from clockwork_async.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,10 @@ class ServerLimits:
         return Limits(max_tail_bytes=self.max_frame_bytes)
 
 
-def auth_from_config(server: ServerConfig) -> TokenAuth:
-    """The token authentication of a ``[server]`` config section (off without tokens)."""
-    return TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token)
-
-
 class ServerState(Enum):
     NEW = "new"
     STARTING = "starting"  # binding the listener
+    BOUND = "bound"  # the address is ours, not listening: connections are refused until SERVING
     SERVING = "serving"
     CLOSING = "closing"  # not accepting; in-flight requests finishing; new ones shutting_down
     CLOSED = "closed"  # closed, or the listener could not be bound
@@ -119,7 +115,8 @@ class ServerState(Enum):
 
 _TRANSITIONS = {
     ServerState.NEW: (ServerState.STARTING, ServerState.CLOSED),
-    ServerState.STARTING: (ServerState.SERVING, ServerState.CLOSED),
+    ServerState.STARTING: (ServerState.BOUND, ServerState.CLOSED),
+    ServerState.BOUND: (ServerState.SERVING, ServerState.CLOSED),
     ServerState.SERVING: (ServerState.CLOSING,),
     ServerState.CLOSING: (ServerState.CLOSED,),
     ServerState.CLOSED: (),
@@ -139,6 +136,8 @@ class ApiServer:
         auth: TokenAuth | None = None,
         name: str = "clockwork-async",
         now_ns: Callable[[], int] = time.monotonic_ns,
+        unix_now_ns: Callable[[], int] = time.time_ns,
+        routes: Mapping[str, ModelRoute] | None = None,
     ) -> None:
         self.service = service
         self.requests: Requests = requests if requests is not None else cast(Requests, service)
@@ -146,6 +145,10 @@ class ApiServer:
         self.auth = auth or TokenAuth()
         self.name = name
         self.now_ns = now_ns
+        self.unix_now_ns = unix_now_ns  # to bound a request's deadline_unix_ns
+        # Model name -> the name its current version is served under (the daemon's service
+        # keeps it); a name not in it is submitted as it is.
+        self.routes: Mapping[str, ModelRoute] = routes if routes is not None else {}
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None
@@ -198,8 +201,14 @@ class ApiServer:
     # --- lifecycle ------------------------------------------------------------------------
 
     async def start(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
-        """Listen on ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0
-        picks one, see `address`). Raises ValueError for a bad address, OSError if busy; the
+        """`bind` then `serve`."""
+        await self.bind(address, ssl=ssl)
+        await self.serve()
+
+    async def bind(self, address: str, *, ssl: ssl_module.SSLContext | None = None) -> None:
+        """Take ``address`` (``HOST:PORT``, ``tcp:HOST:PORT``, ``unix:PATH``; port 0 picks
+        one, see `address`) without accepting connections yet: a daemon takes its ports before
+        it starts anything slow. Raises ValueError for a bad address, OSError if busy; the
         server is then CLOSED (`close` returns at once). Raises RuntimeError unless NEW."""
         self._enter(ServerState.STARTING)
         try:
@@ -209,9 +218,15 @@ class ApiServer:
             self._closed.set()
             raise
         else:
-            self._enter(ServerState.SERVING)
+            self._enter(ServerState.BOUND)
         finally:
             self._start_done.set()
+
+    async def serve(self) -> None:
+        """Accept connections on the bound address. Raises RuntimeError unless BOUND."""
+        self._enter(ServerState.SERVING)
+        assert self._listener is not None
+        await self._listener.start_serving()
 
     async def _listen(self, address: str, ssl: ssl_module.SSLContext | None) -> asyncio.Server:
         parsed = parse_address(address)
@@ -225,6 +240,7 @@ class ApiServer:
             write_high_water_bytes=self.limits.max_write_buffer_bytes,
             allow_half_close=True,  # a client that ends its writing still gets its replies
             ssl=ssl,
+            start_serving=False,
         )
         if isinstance(parsed, UnixAddress):
             self._address = str(parsed)
@@ -243,6 +259,13 @@ class ApiServer:
             await self._closed.wait()
             return
         if self._state is ServerState.NEW:
+            self._enter(ServerState.CLOSED)
+            self._closed.set()
+            return
+        if self._state is ServerState.BOUND:  # never served: nothing to drain
+            assert self._listener is not None
+            self._listener.close()
+            await self._listener.wait_closed()
             self._enter(ServerState.CLOSED)
             self._closed.set()
             return

@@ -31,6 +31,7 @@ __all__ = [
     "ApiCode",
     "Health",
     "InferOutcome",
+    "ModelRoute",
     "ModelStatus",
     "Requests",
     "Service",
@@ -49,6 +50,15 @@ class InferOutcome:
     timing_ns: dict[str, int]  # total, queue, execute, predicted_execute (+ executor, ...)
     executor_id: str | None
     batch_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRoute:
+    """Where requests for a served name go: ``target``, the name the request path serves its
+    current version under (the name itself, or ``NAME@vN`` once replaced), and ``version``."""
+
+    target: str
+    version: int
 
 
 class ServiceError(Exception):
@@ -121,8 +131,11 @@ class Admin(Protocol):
         """Every registered model."""
         ...
 
-    async def add_model(self, name: str, onnx_bytes: bytes, model_toml: str | None) -> ModelStatus:
-        """Store and register a model. Raises ServiceError."""
+    async def add_model(
+        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+    ) -> ModelStatus:
+        """Store and register a model; a taken name is ``model_exists`` unless ``replace``.
+        Raises ServiceError."""
         ...
 
     async def remove_model(self, name: str) -> None:

@@ -7,7 +7,7 @@ Invariants (the server's, per connection):
 - ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
   connection is gone, but the server's ``outstanding`` count is settled either way.
 - Nothing is read while the connection's transport asks writers to pause (slow reader).
-- An ``add_model`` holds its share of the server's upload budget (`ApiServer.admit_upload`)
+- An ``add_model`` holds its share of the server's upload budget (`SessionHost.admit_upload`)
   from acceptance until its reply, and only the model's bytes (not the message, nor its
   frame) while it waits for the service.
 - A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
@@ -23,12 +23,12 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import InferOutcome, ServiceError
+from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.logs import request_extra
@@ -53,13 +53,62 @@ from clockwork_async.wire.messages import (
     StatsReply,
 )
 
-if TYPE_CHECKING:
-    from clockwork_async.api.server import ApiServer
-
 log = logging.getLogger(__name__)
 
 ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
+# How far from now a deadline may be, either way. The daemon's monotonic clock, an executor's
+# clock offset and the deadline each stay under 2**62, so a deadline moved to any executor's
+# clock (an action's ``latest_ns``) still fits the wire's signed 64-bit integers.
+MAX_DEADLINE_DISTANCE_NS = 1 << 62  # about 146 years
+MAX_SLO_MS = MAX_DEADLINE_DISTANCE_NS / NS_PER_MS
+
+
+class _Limits(Protocol):
+    @property
+    def max_outstanding_per_connection(self) -> int: ...
+
+    @property
+    def max_outstanding_total(self) -> int: ...
+
+
+class SessionHost(Protocol):
+    """What a session needs of the server that owns it (`api.server.ApiServer` is one): its
+    services, its limits and the counts it keeps across sessions."""
+
+    @property
+    def service(self) -> Admin: ...
+
+    @property
+    def requests(self) -> Requests: ...
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    @property
+    def accepting_requests(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]: ...
+
+    def now_ns(self) -> int: ...
+
+    def unix_now_ns(self) -> int: ...
+
+    def request_started(self) -> None: ...
+
+    def request_ended(self) -> None: ...
+
+    def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
+
+    def upload_ended(self, nbytes: int) -> None: ...
+
+    def track_admin(self, task: asyncio.Task[None]) -> None: ...
+
+    def snapshot(self) -> dict[str, object]: ...
 
 
 @dataclass(slots=True)
@@ -67,6 +116,7 @@ class _Pending:
     """An accepted InferRequest waiting for its outcome."""
 
     received_ns: int
+    model_version: int = 0  # the version it was routed to (0: a name without a route)
     service_id: int | None = None  # None until submit returned (or if it answered at once)
     done: bool = False
 
@@ -75,7 +125,7 @@ class _Pending:
 class _UploadHold:
     """One add_model's share of the server's upload budget, given back exactly once."""
 
-    server: ApiServer
+    server: SessionHost
     nbytes: int
     held: bool = True
 
@@ -91,7 +141,7 @@ class _UploadHold:
 class ApiSession:
     """Serves the requests of one connection whose hello was accepted with ``scopes``."""
 
-    def __init__(self, server: ApiServer, connection: Connection, scopes: frozenset[Scope]):
+    def __init__(self, server: SessionHost, connection: Connection, scopes: frozenset[Scope]):
         self._server = server
         self._service = server.service
         self._requests = server.requests
@@ -170,14 +220,15 @@ class ApiSession:
             self._send_infer_reply(request.request_id, *refusal)
             return
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
-        entry = _Pending(self._server.now_ns())
+        model, version = self._route(request.model)  # read here, once: a swap is atomic
+        entry = _Pending(self._server.now_ns(), version)
         self._pending[request.request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
         try:
             service_id = self._requests.submit(
-                request.model,
+                model,
                 request.inputs,
                 slo_ns=slo_ns,
                 deadline_unix_ns=request.deadline_unix_ns,
@@ -203,8 +254,8 @@ class ApiSession:
             slo_ns = None if slo_ms is None else slo_ms_to_ns(slo_ms)
         except ValueError:
             return None  # refused bad_input once decoded
-        model, deadline_unix_ns = fields.get("model", ""), fields.get("deadline_unix_ns")
-        return self._requests.screen(model, slo_ns, deadline_unix_ns, nbytes)
+        model, _ = self._route(fields.get("model", ""))
+        return self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
 
     def _on_screened(self, screened: Screened) -> None:
         """An InferRequest refused from its header: answered ``overloaded``, like any other
@@ -214,13 +265,19 @@ class ApiSession:
             why = f"request id {request_id} is already in flight"
             self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
             return
-        entry = _Pending(self._server.now_ns())
+        model, version = self._route(screened.fields.get("model", ""))
+        entry = _Pending(self._server.now_ns(), version)
         self._pending[request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request_id, entry)
-        model = screened.fields.get("model", "")
         self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
+
+    def _route(self, model: str) -> tuple[str, int]:
+        """The name ``model``'s current version is served under, and that version (the name
+        itself and 0 for a name without a route)."""
+        route = self._server.routes.get(model)
+        return (route.target, route.version) if route is not None else (model, 0)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""
@@ -235,7 +292,7 @@ class ApiSession:
         if self._server.outstanding >= limits.max_outstanding_total:
             limit = limits.max_outstanding_total
             return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
-        return _deadline_problem(request)
+        return _deadline_problem(request, self._server.unix_now_ns())
 
     def _busy(self, request_id: int) -> bool:
         return request_id in self._pending or request_id in self._tasks
@@ -256,6 +313,7 @@ class ApiSession:
             timing_ns=timing_ns,
             executor_id=outcome.executor_id or "",
             batch_size=outcome.batch_size,
+            model_version=entry.model_version,
         )
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
@@ -304,20 +362,23 @@ class ApiSession:
             self._send(ModelsReply(request_id, *refusal))
             return
         # The task holds a copy of the model's bytes, never the message (nor its frame).
-        self._start_upload(request_id, request.name, onnx.tobytes(), request.model_toml)
+        self._start_upload(request, onnx.tobytes())
 
-    def _start_upload(
-        self, request_id: int, name: str, onnx_bytes: bytes, model_toml: str | None
-    ) -> None:
+    def _start_upload(self, request: AddModel, onnx_bytes: bytes) -> None:
         """Run an admitted upload; its share of the server's budget is given back once."""
         hold = _UploadHold(self._server, len(onnx_bytes))
+        request_id, name, model_toml = request.request_id, request.name, request.model_toml
+        replace = request.replace
 
         async def add() -> ModelsReply:
             try:
-                status = await self._service.add_model(name, onnx_bytes, model_toml)
+                status = await self._service.add_model(
+                    name, onnx_bytes, model_toml, replace=replace
+                )
             finally:
                 hold.release()  # before the reply: the client may upload again at once
-            return _models_reply(request_id, f"model {name!r} added", status)
+            done = f"replaced by version {status.version}" if replace else "added"
+            return _models_reply(request_id, f"model {name!r} {done}", status)
 
         task = self._spawn_admin(request_id, "add_model", add)
         task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
@@ -436,7 +497,9 @@ class ApiSession:
             self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
 
 
-def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
+def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str] | None:
+    """(``bad_input``, why) for a deadline the daemon cannot carry: both kinds given, an SLO
+    that is not a positive number, or one further than `MAX_DEADLINE_DISTANCE_NS` from now."""
     if request.slo_ms is not None and request.deadline_unix_ns is not None:
         return Outcome.BAD_INPUT, "give slo_ms or deadline_unix_ns, not both"
     if request.slo_ms is not None:
@@ -444,6 +507,15 @@ def _deadline_problem(request: InferRequest) -> tuple[str, str] | None:
             slo_ms_to_ns(request.slo_ms)
         except ValueError as error:
             return Outcome.BAD_INPUT, str(error)
+    if request.deadline_unix_ns is not None:
+        distance_ns = request.deadline_unix_ns - unix_now_ns
+        if abs(distance_ns) > MAX_DEADLINE_DISTANCE_NS:
+            when = "ahead of" if distance_ns > 0 else "behind"
+            why = (
+                f"deadline_unix_ns {request.deadline_unix_ns} is {abs(distance_ns)} ns {when} "
+                f"the daemon's clock, over the limit of {MAX_DEADLINE_DISTANCE_NS} ns (146 years)"
+            )
+            return Outcome.BAD_INPUT, why
     return None
 
 
@@ -456,7 +528,13 @@ def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> Model
 
 
 def slo_ms_to_ns(slo_ms: float) -> int:
-    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite and positive."""
+    """``slo_ms`` in whole nanoseconds; ValueError unless it is finite, positive and at most
+    `MAX_SLO_MS`."""
     if not math.isfinite(slo_ms) or slo_ms <= 0:
         raise ValueError(f"slo_ms must be a positive number of milliseconds, got {slo_ms!r}")
+    if slo_ms > MAX_SLO_MS:
+        raise ValueError(
+            f"slo_ms {slo_ms:g} is over the limit of {MAX_SLO_MS:.0f} ms (146 years): "
+            "deadlines must fit the wire's 64-bit integers"
+        )
     return max(1, round(slo_ms * NS_PER_MS))

@@ -117,7 +117,10 @@ class ActionFinished:
 
     ``code`` is empty on success, else an ErrorCode value (e.g. ``too_late``).
     ``duration_ns`` is the measured duration of the predicted phase: execute for INFER,
-    load for LOAD (0 when the action did not run).
+    load for LOAD (0 when the action did not run). ``return_hop_ns`` and ``lead_ns``, when
+    set, are what the runtime's estimates of the way back (as `ReturnHop`) and of this
+    executor's way there (as `ExecutorLead`) became with this result: they ride with it so
+    that learning them costs the core no pass of its own.
     """
 
     executor_id: ExecutorId
@@ -126,6 +129,8 @@ class ActionFinished:
     start_ns: int = 0
     end_ns: int = 0
     duration_ns: int = 0
+    return_hop_ns: int | None = None
+    lead_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

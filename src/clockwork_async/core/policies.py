@@ -126,7 +126,7 @@ class ClockworkPolicy:
             return quote
         slo_ms = (deadline_ns - core.now_ns) / 1e6
         message = (
-            f"no executor can finish {model.name!r} within its {slo_ms:.2f} ms SLO "
+            f"no executor can finish {model.name!r} within its SLO ({max(slo_ms, 0):.2f} ms left) "
             "after the work already queued (including a cold start)"
         )
         return Outcome.INFEASIBLE, message, True

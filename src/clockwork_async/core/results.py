@@ -2,8 +2,9 @@
 
 Invariants: every result settles exactly one outstanding action (unknown ids are counted as
 stray and ignored: e.g. a result racing an ExecutorLeft). A successful INFER answers each of
-its still-running requests ``ok`` when the result arrived by the request's deadline, else
-``late`` (outputs attached either way). A failed INFER re-queues its requests when they can
+its still-running requests ``ok`` when the result arrived early enough for its reply to go
+out by the request's true deadline (the return hop before it, `ReturnHop`), else ``late``
+(outputs attached either way). A failed INFER re-queues its requests when they can
 still be served (``too_late``, ``not_loaded``) and otherwise ends them: ``dropped`` when the
 executor refused in time, ``failed`` on any other error.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from .agenda import mark_cold, push_head
 from .entities import Action, ActionKind, ExecutorState, RequestState
+from .errors import InvalidEvent
 from .events import ActionFinished
 from .eviction import forget_if_gone, send_unload
 from .outcomes import Outcome
@@ -25,7 +27,9 @@ ALREADY_LOADED = "already_loaded"
 
 
 def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -> None:
-    """Settle the action ``event`` reports on."""
+    """Learn the hops the result brought, then settle the action ``event`` reports on.
+    Raises InvalidEvent for a negative hop, before any state changes."""
+    _learn_hops(core, event)
     action = core.actions.get(event.action_id)
     if action is None or action.executor_id != event.executor_id:
         _on_unload_finished(core, event)
@@ -37,6 +41,17 @@ def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -
         _infer_finished(core, policy, executor, action, event)
     else:
         _load_finished(core, executor, action, event)
+
+
+def _learn_hops(core: CoreState, event: ActionFinished) -> None:
+    """As `ReturnHop` and `ExecutorLead` would (controller.py, membership.py)."""
+    if min(event.return_hop_ns or 0, event.lead_ns or 0) < 0:
+        raise InvalidEvent(f"hops cannot be negative: {event!r}")
+    if event.return_hop_ns is not None:
+        core.return_hop_ns = event.return_hop_ns
+    executor = core.executors.get(event.executor_id)
+    if event.lead_ns is not None and executor is not None:
+        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
 
 
 def _on_unload_finished(core: CoreState, event: ActionFinished) -> None:
@@ -96,7 +111,9 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
     for request in action.requests:
         if request.status is not RequestStatus.RUNNING:
             continue  # cancelled while running
-        on_time = now_ns <= request.reply_by_ns  # the one judge of ok and late
+        # The one judge of ok and late: the reply must still go out (the return hop's way,
+        # the runtime's estimate of one trip through the daemon's loop) by the true deadline.
+        on_time = now_ns + core.return_hop_ns <= request.reply_by_ns
         details = {
             "batch_size": action.batch_size,
             "predicted_ns": action.predicted_ns,
@@ -108,9 +125,17 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
         if on_time:
             answer(core, request, Outcome.OK, "", action, details)
         else:
-            late_ms = (now_ns - request.reply_by_ns) / 1e6
-            message = f"the result reached the controller {late_ms:.3f} ms after the deadline"
-            answer(core, request, Outcome.LATE, message, action, details)
+            answer(core, request, Outcome.LATE, _late_message(core, request), action, details)
+
+
+def _late_message(core: CoreState, request: RequestState) -> str:
+    left_ns = request.reply_by_ns - core.now_ns
+    if left_ns < 0:
+        return f"the result reached the controller {-left_ns / 1e6:.3f} ms after the deadline"
+    return (
+        f"the result reached the controller {left_ns / 1e6:.3f} ms before the deadline, less "
+        f"than the {core.return_hop_ns / 1e6:.3f} ms its reply needs to go out"
+    )
 
 
 def _infer_failed(

@@ -129,3 +129,8 @@ def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.nda
         )
         for spec in specs
     }
+
+
+def tensor_bytes(inputs: Mapping[str, object]) -> int:
+    """The bytes of a request's tensors (what its frame carried)."""
+    return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))

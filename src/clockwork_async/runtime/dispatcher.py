@@ -16,7 +16,8 @@ Invariants:
   whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
 - The core alone judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and
   plans by it); the dispatcher never changes an outcome. The only answers that do not come
-  from the core are the refusals at the door (`_refusal`: ``shutting_down``, ``unknown_model``,
+  from the core are the refusals at the door (`_refusal` and `refuse`: ``shutting_down``,
+  ``overloaded`` when the daemon's own loop is too far behind, ``unknown_model``,
   ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
   event (a bug).
 - Each submitted request's ``on_reply`` is called exactly once, possibly before `submit`
@@ -54,14 +55,12 @@ from clockwork_async.core.events import (
     Command,
     Event,
     ExecutorJoined,
-    ExecutorLead,
     ExecutorLeft,
     ModelRegistered,
     ModelUnregistered,
     Reply,
     RequestArrived,
     RequestCancelled,
-    ReturnHop,
     Shutdown,
     StartInfer,
     StartLoad,
@@ -70,16 +69,17 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.runtime.batching import BadInput, validate_request
+from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
-from clockwork_async.runtime.hop import HopEstimate
+from clockwork_async.runtime.hop import Hops
 from clockwork_async.runtime.models import RegisteredModel
 from clockwork_async.runtime.requests import (
     ActionRecord,
     PendingRequest,
     PredictionErrors,
     RequestBook,
+    resolve_deadline_ns,
 )
 from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
 from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
@@ -89,11 +89,6 @@ log = logging.getLogger(__name__)
 MAX_HELD_ARRIVALS = 32  # twice the largest usual batch; more are handed to the core at once
 DEFAULT_SLO_NS = 100_000_000  # for requests to a model that is not registered (refused)
 OTHER = "other"  # the metric label of requests for unknown models: clients cannot grow labels
-# The lead is the typical way there, not its tail: an action that arrives after its latest
-# start is refused `too_late` without running and its requests are answered in time, while a
-# p99 lead stacked on the p99 execute and return-hop predictions refused at arrival half of the
-# requests a 5.6 ms SLO at 50 req/s would have served (docs/runtime.md).
-WAY_THERE_PERCENTILE = 50.0
 _ACTIONS = (StartUnload, StartLoad, StartInfer)
 
 # (model label, group label, ns from the answer to the deadline, outcome)
@@ -118,18 +113,13 @@ _MOVES = {
 
 @dataclass(slots=True)
 class JoinedExecutor:
-    """A joined executor as the dispatcher uses it: its link, what its results said of its
-    pages and models, and the measured way there."""
+    """A joined executor as the dispatcher uses it: its link and what its results said of its
+    pages and models."""
 
     link: ExecutorLink
     info: ExecutorInfo
     pages_free: int
     loaded: set[str] = field(default_factory=set)
-    way_there: HopEstimate = field(
-        default_factory=lambda: HopEstimate(
-            percentile=WAY_THERE_PERCENTILE, slack=0.0, initial_ns=0
-        )
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +151,7 @@ class Dispatcher:
         self._book = RequestBook()
         self._models: dict[str, RegisteredModel] = {}
         self._executors: dict[str, JoinedExecutor] = {}
-        self._return_hop = HopEstimate()
+        self._hops = Hops()
         self._prediction_errors = PredictionErrors()
         self._request_ids = itertools.count(1)
         self._events: deque[Event] = deque()
@@ -183,7 +173,7 @@ class Dispatcher:
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
-        self._feed(ReturnHop(self._return_hop.estimate_ns))
+        self._feed(self._hops.initial())
 
     # --- requests in ---------------------------------------------------------------------------
 
@@ -198,13 +188,17 @@ class Dispatcher:
     ) -> int:
         """Accept a request that arrived now, due ``slo_ns`` from now, at ``deadline_unix_ns``
         (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
-        now_ns, unix_now_ns = self._now_ns(), self._unix_now_ns()
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns())
+        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
+
+    def _deadline_ns(
+        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
+    ) -> int:
         served = self._models.get(model)
         default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        deadline_ns = resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=unix_now_ns
+        return resolve_deadline_ns(
+            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
         )
-        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
 
     def submit_by(
         self,
@@ -223,14 +217,15 @@ class Dispatcher:
         now_ns = self._now_ns()
         request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
         self._book.add_request(request)
-        nbytes = _tensor_bytes(inputs)
+        nbytes = tensor_bytes(inputs)
         refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
         self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)
             return request_id
         self._start()
-        self._relieve(now_ns)
+        for event in self._hops.relieve(now_ns):  # nothing measured for a while: tails go
+            self._feed(event)
         self._hold(RequestArrived(request_id, model, deadline_ns))
         return request_id
 
@@ -255,21 +250,9 @@ class Dispatcher:
         return None
 
     def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
-        """Why the loop cannot take this request: the work booked on it before this request
-        runs past ``loop_delay_share`` of the request's time to its deadline, or past
-        ``max_loop_delay_ns`` (docs/controller.md, "The daemon as a lane"). An idle loop
-        refuses nothing: what a request cannot meet on its own is the core's to refuse."""
-        cap_ns = self.runtime.max_loop_delay_ns
-        delay_ns = self._loop.delay_ns(now_ns)
-        if not cap_ns or not delay_ns:
-            return None
-        limit_ns = min(cap_ns, int(self.runtime.loop_delay_share * max(0, slo_ns)))
-        if delay_ns <= limit_ns:
-            return None
-        return (
-            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
-            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
-            f"retry after {delay_ns / 1e6:.2f} ms"
+        runtime = self.runtime
+        return self._loop.refusal(
+            slo_ns, now_ns, share=runtime.loop_delay_share, cap_ns=runtime.max_loop_delay_ns
         )
 
     def screen(
@@ -280,11 +263,7 @@ class Dispatcher:
         if self._state is not DispatcherState.RUNNING:
             return None  # `submit` answers it shutting_down
         now_ns = self._now_ns()
-        served = self._models.get(model)
-        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        deadline_ns = resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
-        )
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
         return self._loop_refusal(deadline_ns - now_ns, now_ns)
 
     def refuse(
@@ -333,6 +312,7 @@ class Dispatcher:
         for action in self._book.actions_of(executor_id):
             self._book.finish_action(action.action_id)
             self._model_action_done(action.model)
+        self._hops.forget(executor_id)
         self._feed(ExecutorLeft(executor_id, reason))
         _call_all(self.executor_listeners, executor_id, False, reason)
 
@@ -481,49 +461,31 @@ class Dispatcher:
             return  # resolved already (its executor left)
         if not isinstance(message, ActionResult):
             message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
-        self._note(link, action, message)
+        hops = self._note(link, action, message)
         group = self._group_of(action.model)
         for listener in self.action_listeners:
             _call_quietly(listener, group, action, message)
-        self._feed(action.finished_event(message, link.offset_ns))
+        self._feed(action.finished_event(message, link.offset_ns, hops))
 
-    def _note(self, link: ExecutorLink, action: ActionRecord, result: ActionResult) -> None:
-        """Keep what the result tells: timings, both hops, pages, loaded models, errors."""
+    def _note(
+        self, link: ExecutorLink, action: ActionRecord, result: ActionResult
+    ) -> tuple[int | None, int | None]:
+        """Keep what the result tells: timings, pages, loaded models, errors; returns both
+        hops' new estimates (they go to the core with the result)."""
         action.result = result
         action.received_ns = now_ns = self._now_ns()
-        action.offset_ns = offset_ns = link.offset_ns
-        if result.end_ns:
-            before_ns = self._return_hop.estimate_ns
-            self._return_hop.add(now_ns - (result.end_ns - offset_ns), now_ns)
-            if self._return_hop.estimate_ns != before_ns:
-                self._feed(ReturnHop(self._return_hop.estimate_ns))
+        action.offset_ns = link.offset_ns
+        hops = self._hops.on_result(
+            action.executor_id, action.sent_ns, link.offset_ns, result, now_ns
+        )
         joined = self._executors.get(action.executor_id)
-        if joined is None:
-            return
-        if result.received_ns:
-            there_ns = result.received_ns - offset_ns - action.sent_ns
-            self._note_way_there(action.executor_id, joined, there_ns, now_ns)
-        joined.pages_free = result.pages_free or joined.pages_free
-        action.track_loaded(joined.loaded, result)
+        if joined is not None:
+            joined.pages_free = result.pages_free or joined.pages_free
+            action.track_loaded(joined.loaded, result)
         if action.kind == "infer" and result.ok:
             error_ns = result.durations_ns.get("execute", 0) - action.predicted_ns
             self._prediction_errors.add(action.model, error_ns)
-
-    def _note_way_there(
-        self, executor_id: str, joined: JoinedExecutor, there_ns: int, now_ns: int
-    ) -> None:
-        before_ns = joined.way_there.estimate_ns
-        joined.way_there.add(there_ns, now_ns)
-        if joined.way_there.estimate_ns != before_ns:
-            self._feed(ExecutorLead(executor_id, joined.way_there.estimate_ns))
-
-    def _relieve(self, now_ns: int) -> None:
-        """Let stale hop tails go (`HopEstimate.relieve`); tell the core of lower hops."""
-        if self._return_hop.relieve(now_ns):
-            self._feed(ReturnHop(self._return_hop.estimate_ns))
-        for executor_id, joined in self._executors.items():
-            if joined.way_there.relieve(now_ns):
-                self._feed(ExecutorLead(executor_id, joined.way_there.estimate_ns))
+        return hops
 
     # --- replies out -----------------------------------------------------------------------------
 
@@ -662,26 +624,6 @@ class Dispatcher:
     def loop_lane(self) -> LoopLane:
         """The loop as a lane: its learned cost and how far behind it is (to read)."""
         return self._loop
-
-
-def resolve_deadline_ns(
-    slo_ns: int | None,
-    deadline_unix_ns: int | None,
-    default_slo_ns: int,
-    *,
-    now_ns: int,
-    unix_now_ns: int,
-) -> int:
-    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
-    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
-    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
-    if deadline_unix_ns is not None:
-        return now_ns + (deadline_unix_ns - unix_now_ns)
-    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)
-
-
-def _tensor_bytes(inputs: Mapping[str, object]) -> int:
-    return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
 
 
 def _call_soon(callback: Callable[[], None]) -> None:

@@ -224,6 +224,8 @@ class Driver:
             core_ns_per_request=costs.core_ns / submitted if submitted else 0.0,
             driver_ns_per_request=costs.dispatch_ns / submitted if submitted else 0.0,
             send_ns_per_request=costs.send_ns / submitted if submitted else 0.0,
+            loop_delay_ns=dispatcher.loop_lane.delay_ns(self._now_ns()),
+            loop_cost_ns=_loop_cost(dispatcher),
         )
 
     def _executor(self, record: ExecutorRecord) -> ExecutorSnapshot:
@@ -258,3 +260,8 @@ class Driver:
         return ModelSnapshot(
             model.name, group, model.batch_sizes, model.weights_pages, loaded_on, queued
         )
+
+
+def _loop_cost(dispatcher: Dispatcher) -> dict[str, float]:
+    cost = dispatcher.loop_lane.cost
+    return {"request": cost.request_ns, "byte": cost.byte_ns, "refusal": cost.refusal_ns}

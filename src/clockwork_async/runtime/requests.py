@@ -95,8 +95,14 @@ class ActionRecord:
     def unload_message(self) -> Unload:
         return Unload(self.action_id, self.model)
 
-    def finished_event(self, result: ActionResult, offset_ns: int) -> ActionFinished:
-        """The core's view of ``result``: controller-clock times, the predicted phase."""
+    def finished_event(
+        self,
+        result: ActionResult,
+        offset_ns: int,
+        hops: tuple[int | None, int | None] = (None, None),
+    ) -> ActionFinished:
+        """The core's view of ``result``: controller-clock times, the predicted phase, and
+        the hop estimates (way back, way there) that changed with it."""
         phase = {"infer": "execute", "load": "load"}.get(self.kind, "")
         return ActionFinished(
             self.executor_id,
@@ -105,6 +111,8 @@ class ActionRecord:
             start_ns=result.start_ns - offset_ns if result.start_ns else 0,
             end_ns=result.end_ns - offset_ns if result.end_ns else 0,
             duration_ns=result.durations_ns.get(phase, 0) if phase else 0,
+            return_hop_ns=hops[0],
+            lead_ns=hops[1],
         )
 
     def track_loaded(self, loaded: set[str], result: ActionResult) -> None:
@@ -298,3 +306,19 @@ class PredictionErrors:
             max_ns=self._max_ns,
             underpredicted=self._under,
         )
+
+
+def resolve_deadline_ns(
+    slo_ns: int | None,
+    deadline_unix_ns: int | None,
+    default_slo_ns: int,
+    *,
+    now_ns: int,
+    unix_now_ns: int,
+) -> int:
+    """The request's deadline in the monotonic clock of ``now_ns`` (its arrival): ``slo_ns``
+    after arrival, or ``deadline_unix_ns`` moved from Unix time (``unix_now_ns`` read at the
+    same moment as ``now_ns``), or ``default_slo_ns`` after arrival when neither is set."""
+    if deadline_unix_ns is not None:
+        return now_ns + (deadline_unix_ns - unix_now_ns)
+    return now_ns + (default_slo_ns if slo_ns is None else slo_ns)

@@ -8,7 +8,7 @@ the core's counters and the executor pool).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clockwork_async.runtime.timers import LagStats, PollStats, TimerStats
 
@@ -73,3 +73,5 @@ class DriverSnapshot:
     core_ns_per_request: float  # time in Controller.handle, per request
     driver_ns_per_request: float  # all event handling (core and sends included), per request
     send_ns_per_request: float  # encoding and writing actions to executor sockets, per request
+    loop_delay_ns: int = 0  # the loop's booked work ahead of now (the door, LoopLane)
+    loop_cost_ns: Mapping[str, float] = field(default_factory=dict)  # request, byte, refusal

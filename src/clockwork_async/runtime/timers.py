@@ -1,4 +1,7 @@
-"""The core's wake-up timer, the loop's busy poll and its lag probe, on a running asyncio loop.
+"""The core's wake-up timer, the loop's busy poll, its lag probe and the loop as a lane.
+
+One idea: the event loop's own time: when it wakes the core, how it keeps from sleeping, how
+late it runs and how much work it has booked ahead.
 
 uvloop (libuv) keeps time in whole milliseconds, so a ``call_at`` fires anywhere from about a
 millisecond early to a millisecond late. `WakeTimer` therefore never trusts a timer for sub-ms
@@ -332,6 +335,22 @@ class LoopLane:
     def predicted_ns(self, nbytes: int) -> int:
         """The predicted cost of admitting a request of ``nbytes`` tensor bytes."""
         return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
+
+    def refusal(self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int) -> str | None:
+        """Why a request with ``slo_ns`` to its deadline cannot be taken: the work booked
+        ahead of it runs past ``share`` of that, or past ``cap_ns`` (0: never refuse). An idle
+        loop refuses nothing: what a request cannot meet on its own is the core's to refuse."""
+        delay_ns = self.delay_ns(now_ns)
+        if not cap_ns or not delay_ns:
+            return None
+        limit_ns = min(cap_ns, int(share * max(0, slo_ns)))
+        if delay_ns <= limit_ns:
+            return None
+        return (
+            f"the daemon itself is overloaded: its own work runs {delay_ns / 1e6:.2f} ms behind "
+            f"and this request may wait at most {limit_ns / 1e6:.2f} ms for it; "
+            f"retry after {delay_ns / 1e6:.2f} ms"
+        )
 
     def book(self, now_ns: int, nbytes: int, *, admitted: bool) -> None:
         """A request was admitted (``nbytes`` of tensors) or refused at the door."""

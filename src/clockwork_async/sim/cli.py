@@ -17,8 +17,18 @@ from typing import Any
 
 from clockwork_async.core.config import ConfigError, ControllerConfig
 
-from .engine import ACTION_LOG_FIELDS, REQUEST_LOG_FIELDS, SimConfig, Simulation, build_controller
+from .compare import compare
+from .engine import (
+    ACTION_LOG_FIELDS,
+    REQUEST_LOG_FIELDS,
+    SimConfig,
+    Simulation,
+    build_controller,
+    model_name,
+)
+from .mmpp import DEFAULT_ALPHA, DEFAULT_LEVELS, DEFAULT_SOJOURN_S, mmpp
 from .profiles import ProfileError, SimProfile, resolve_profile
+from .replay import RequestLogError, read_request_log, replay
 from .report import capacity_rps, summarize, write_plots
 from .stats import RecordWriter, SimStats
 from .trace import TraceFormatError, TraceMapping, read_azure_trace
@@ -32,7 +42,7 @@ from .workloads import (
     trace_replay,
 )
 
-WORKLOADS = ("poisson", "closed", "bursty", "sweep", "azure", "ramp")
+WORKLOADS = ("poisson", "closed", "bursty", "sweep", "azure", "ramp", "mmpp", "replay")
 POLICIES = ("clockwork", "fifo", "timeout")
 DEFAULT_RATE_RPS = 100.0
 
@@ -71,6 +81,15 @@ def _slo_list(text: str) -> list[float]:
     return values
 
 
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of numbers: {text!r}"
+        ) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The simulate verb's flags."""
     parser = argparse.ArgumentParser(
@@ -80,12 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--workload", choices=WORKLOADS, default="poisson")
     add("--trace", type=Path, help="Azure Functions 2019 invocations CSV (--workload azure)")
+    add("--requests", type=Path, help="per-request CSV log (--workload replay)")
+    add("--time-scale", type=_positive(float), default=1.0, help="replay: multiplies gaps")
     add("--executors", type=_positive(int), default=1)
-    add("--instances", type=_positive(int), default=1, help="model instances")
+    instances_help = "model instances (default 1; replay: the log's models)"
+    add("--instances", type=_positive(int), help=instances_help)
     add("--profile", default="resnet50-v100", help="a built-in profile name or a profile file")
     add("--slo-ms", type=_positive(float), default=100.0)
     add("--slos-ms", type=_slo_list, help="SLOs of a sweep (default: multiples of the b1 time)")
-    add("--minutes", type=_positive(float), default=1.0, help="simulated minutes of arrivals")
+    minutes_help = "simulated minutes of arrivals (default 1; replay: the whole log)"
+    add("--minutes", type=_positive(float), help=minutes_help)
     rates = parser.add_mutually_exclusive_group()
     rates.add_argument("--rate", type=_non_negative, help="req/s over all instances")
     rates.add_argument("--load-scale", type=_non_negative, help="multiplies the trace's rates")
@@ -98,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--think-ms", type=_non_negative, default=0.0, help="closed loop: pause after a reply")
     add("--burst-on-s", type=_positive(float), default=1.0, help="bursty: mean on period")
     add("--burst-off-s", type=_non_negative, default=1.0, help="bursty: mean off period")
+    add("--mmpp-levels", type=_float_list, default=list(DEFAULT_LEVELS), help="mmpp: rate levels")
+    sojourn_help = "mmpp: mean sojourn per state"
+    add("--mmpp-sojourn-s", type=_float_list, default=list(DEFAULT_SOJOURN_S), help=sojourn_help)
+    add("--mmpp-alpha", type=_non_negative, default=DEFAULT_ALPHA, help="mmpp: Pareto shape")
+    add("--greedy", action="store_true", help="add the greedy baseline to the summary")
+    add("--no-bound", action="store_true", help="skip the upper bound (about 1 s per 500k)")
     add("--ramp-step-s", type=_positive(float), default=1.0, help="ramp: s between activations")
     add("--message-delay-us", type=_non_negative, default=0.0, help="controller<->executor")
     add("--preload", action="store_true", help="start with instances resident (pages allowing)")
@@ -116,6 +145,14 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Si
     """Cross-flag checks (parser.error exits with status 2); return the profile."""
     if args.workload == "azure" and args.trace is None:
         parser.error("--workload azure needs --trace FILE")
+    if (args.workload == "replay") != (args.requests is not None):
+        parser.error("--workload replay goes with --requests FILE (and only it)")
+    if args.workload == "replay" and args.rate is not None:
+        parser.error("--workload replay sends the log's requests (use --time-scale, not --rate)")
+    if args.workload != "replay" and args.minutes is None:
+        args.minutes = 1.0
+    if args.workload != "replay" and args.instances is None:
+        args.instances = 1
     if args.workload != "azure" and args.load_scale is not None:
         parser.error("--load-scale applies to --workload azure only (use --rate)")
     if args.workload == "closed" and args.rate is not None:
@@ -158,8 +195,13 @@ def _core_overrides(
 
 def build_workload(args: argparse.Namespace) -> Workload:
     """The workload the flags describe. Raises ValueError, TraceFormatError or OSError."""
+    if args.workload == "replay":
+        return _replay_workload(args)
     duration_s = args.minutes * 60.0
     rate = DEFAULT_RATE_RPS if args.rate is None else args.rate
+    if args.workload == "mmpp":
+        levels, sojourn_s = args.mmpp_levels, args.mmpp_sojourn_s
+        return mmpp(args.instances, rate, duration_s, levels, sojourn_s, args.mmpp_alpha)
     if args.workload in ("poisson", "sweep"):
         return poisson(args.instances, rate, duration_s)
     if args.workload == "bursty":
@@ -174,6 +216,25 @@ def build_workload(args: argparse.Namespace) -> Workload:
         mean_rps = mapping.window_total() / (mapping.trace.minutes * 60.0)
         scale = args.rate / mean_rps if mean_rps else 0.0
     return trace_replay(mapping, duration_s, scale)
+
+
+def _replay_workload(args: argparse.Namespace) -> Workload:
+    """The replayed log; fills in ``--instances`` (the log's models) and ``--minutes`` (its
+    span) when they were not given."""
+    log = read_request_log(args.requests)
+    if args.instances is None:
+        args.instances = len(log.names)
+    duration_s = None if args.minutes is None else args.minutes * 60.0
+    targets = [model_name(i) for i in range(args.instances)]
+    workload = replay(
+        log,
+        targets,
+        time_scale=args.time_scale,
+        duration_s=duration_s,
+        default_slo_ms=args.slo_ms,
+    )
+    args.minutes = workload.duration_ns / 60e9
+    return workload
 
 
 def _interval_ns(args: argparse.Namespace) -> int:
@@ -196,6 +257,8 @@ def run_once(
         stats, workload.duration_ns, _config_of(args, profile, slo_ms), workload.describe()
     )
     summary["capacity_rps"] = round(capacity_rps(profile, config.slo_ns) * args.executors, 1)
+    if not args.no_bound:
+        summary.update(compare(config, workload, summary["ok"], args.greedy))
     if plot_dir is not None:
         title = f"{args.workload} / {args.policy} / SLO {slo_ms:g} ms"
         write_plots(stats, workload.duration_ns, plot_dir, slo_ms, title)
@@ -234,6 +297,8 @@ def _config_of(args: argparse.Namespace, profile: SimProfile, slo_ms: float) -> 
     return {
         "workload": args.workload,
         "trace": str(args.trace) if args.trace else None,
+        "requests_file": str(args.requests) if args.requests else None,
+        "time_scale": args.time_scale,
         "executors": args.executors,
         "instances": args.instances,
         "profile": profile.name,
@@ -278,7 +343,7 @@ def main(argv: list[str]) -> int:
         else:
             result = run_once(args, profile, build_workload(args), args.slo_ms, args.plot)
             runs = [result]
-    except (TraceFormatError, ValueError, OSError) as error:
+    except (TraceFormatError, RequestLogError, ValueError, OSError) as error:
         print(f"clockwork-async simulate: {error}", file=sys.stderr)
         return 2
     if args.json is not None:
@@ -293,7 +358,8 @@ def print_table(runs: list[dict[str, Any]]) -> None:
     """One line per run: outcome counts, attainment, goodput and latency."""
     print(
         f"{'policy':<10}{'slo_ms':>8}{'requests':>10}{'ok':>10}{'dropped':>9}{'rejected':>9}"
-        f"{'late':>6}{'lost':>5}{'ok/acc':>10}{'goodput':>9}{'p99_ms':>8}{'max_ms':>8}"
+        f"{'late':>6}{'lost':>5}{'ok/acc':>10}{'goodput':>9}{'bound':>9}{'ok/bound':>9}"
+        f"{'p99_ms':>8}{'max_ms':>8}"
     )
     for run in runs:
         latency = run["latency_ms"]
@@ -301,12 +367,28 @@ def print_table(runs: list[dict[str, Any]]) -> None:
             f"{run['config']['policy']:<10}{run['config']['slo_ms']:>8g}{run['requests']:>10}"
             f"{run['ok']:>10}{run['dropped']:>9}{sum(run['rejected'].values()):>9}"
             f"{run['late']:>6}{run['lost']:>5}{_fraction(run['ok_over_accepted']):>10}"
-            f"{run['goodput_rps']:>9.1f}{_ms(latency['p99'])}{_ms(latency['max'])}"
+            f"{run['goodput_rps']:>9.1f}{_bound(run)}{_ms(latency['p99'])}{_ms(latency['max'])}"
         )
+        if "greedy" in run:
+            greedy = run["greedy"]
+            print(
+                f"{'greedy':<10}{run['config']['slo_ms']:>8g}{run['requests']:>10}"
+                f"{greedy['ok']:>10}{greedy['dropped']:>9}{'':>30}{greedy['goodput_rps']:>9.1f}"
+                f"{_bound(run, greedy['over_bound'])}"
+            )
     for run in runs:
         mapping = run["workload"].get("mapping")
         if mapping:
             print(f"trace mapping: {json.dumps(mapping)}")
+
+
+def _bound(run: dict[str, Any], share: float | None = None) -> str:
+    """The bound's goodput and a share of it (the run's own by default), or dashes."""
+    bound = run.get("bound")
+    if not bound:
+        return f"{'-':>9}{'-':>9}"
+    share = run["goodput_over_bound"] if share is None else share
+    return f"{bound['goodput_rps']:>9.1f}{'-' if share is None else f'{100 * share:.1f}%':>9}"
 
 
 def _fraction(value: float | None) -> str:

@@ -1,5 +1,7 @@
 """A discrete-event simulation of the controller core driving simulated executors.
 
+One idea: virtual time around the production core.
+
 The core is the production one (`core.controller.Controller`), fed events on a virtual clock;
 the executors are `sim.executors.SimExecutor`s that follow the real executor's action rules.
 
@@ -51,7 +53,7 @@ from clockwork_async.core.outcomes import Outcome
 from .executors import LaneIndex, SimExecutor
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
-from .workloads import Workload
+from .workloads import Workload, request_slos_ns
 
 NS_PER_S = 1_000_000_000
 _OK = Outcome.OK  # enum attribute lookups are slow in hot paths
@@ -148,6 +150,17 @@ def model_spec(profile: SimProfile, instance: int, slo_ns: int) -> ModelSpec:
     )
 
 
+def workload_rng(seed: int) -> np.random.Generator:
+    """The generator a run with ``seed`` draws its workload from (so `sim.bound` and
+    `sim.greedy` see the very arrivals the run saw)."""
+    return np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
+
+
+def noise_seed(seed: int) -> int:
+    """The seed of the executors' duration noise of a run with ``seed``."""
+    return int(np.random.SeedSequence(seed).spawn(2)[1].generate_state(1)[0])
+
+
 class Simulation:
     """One run: ``Simulation(config, workload, controller).run()`` returns its SimStats."""
 
@@ -174,6 +187,7 @@ class Simulation:
         self._wake_generation = 0
         self._last_reply_ns = 0
         self._names = [model_name(i) for i in range(workload.instances)]
+        self._slos_ns = request_slos_ns(workload)  # a replayed log's own SLOs
         self._instance_of = {name: i for i, name in enumerate(self._names)}
         self._resident = [0] * workload.instances  # copies loaded (not loading) per instance
         self._actions: dict[int, tuple[int, StartLoad | StartInfer | StartUnload]] = {}
@@ -181,9 +195,8 @@ class Simulation:
         self._action_log = action_log
         self._progress = progress if config.progress_s > 0 else None
         self._wall_start = self._last_progress = 0.0
-        workload_seed, noise_seed = np.random.SeedSequence(config.seed).spawn(2)
-        self._rng = np.random.default_rng(workload_seed)
-        self.executors = self._make_executors(int(noise_seed.generate_state(1)[0]))
+        self._rng = workload_rng(config.seed)
+        self.executors = self._make_executors(noise_seed(config.seed))
         self._dispatch = {
             StartLoad: self._send_action,
             StartInfer: self._send_action,
@@ -319,7 +332,8 @@ class Simulation:
         self.now_ns = now_ns
         request_id = self._next_request_id
         self._next_request_id += 1
-        deadline_ns = now_ns + self.config.slo_ns
+        slo_ns = self.config.slo_ns if self._slos_ns is None else self._slos_ns[request_id]
+        deadline_ns = now_ns + slo_ns
         cold = self._resident[instance] == 0
         self._pending[request_id] = (instance, now_ns, deadline_ns, cold)
         self.stats.on_arrival(now_ns, cold)

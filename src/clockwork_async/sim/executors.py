@@ -1,35 +1,55 @@
-"""Simulated executors: the real executor's action rules, in virtual time.
+"""Simulated executors: the real executor's lane rules, driven on the virtual clock.
 
-Each executor has a load lane and an execute lane. Invariants (the same as ``executors/lanes.py``
-and the executor host):
-- A lane runs at most one action at a time. Among queued actions the one with the smallest
-  ``earliest_ns`` goes next, ties in order of arrival; none starts before its ``earliest_ns``.
-- When a lane is free at ``now`` and its head's ``latest_ns`` has passed, the head is rejected
-  ``too_late`` without running.
-- At start: LOAD of a model loaded or loading -> ``already_loaded``; without enough free pages
-  -> ``no_pages`` (pages are taken when a LOAD starts and freed by UNLOAD); INFER of a model not
-  loaded (or still loading) -> ``not_loaded``; a batch size the profile lacks, or more requests
-  than the batch size -> ``bad_input``. UNLOAD runs at once on delivery (no lane).
+The rules are `clockwork_async.executors.lane_rules`, the very module the real executor's lanes
+and host run, so virtual time follows them by construction. Each executor has a load lane and an
+execute lane, each a `LaneQueue`. Invariants:
+- Lanes: LOAD in the load lane; INFER and UNLOAD in the execute lane (`LANE_OF`). An UNLOAD's
+  window is `UNTIMED`: it goes ahead of the INFERs waiting there and starts when the running
+  action ends. A lane runs one action at a time, in `LaneQueue` order (smallest
+  ``earliest_ns``, ties by arrival, none before its ``earliest_ns``); a lane free after its
+  head's ``latest_ns`` rejects that head ``too_late`` without running it.
+- On delivery (the real host's checks on arrival): an empty window, a batch size the profile
+  lacks or more requests than the batch size -> ``bad_input``. An UNLOAD of a loaded model is
+  pending from delivery until it runs.
+- At start: LOAD per `load_verdict`: ``already_loaded`` for a model loading or loaded; pages
+  are taken when it starts loading; short of pages while UNLOADs are pending it holds the load
+  lane and asks again whenever an UNLOAD ends (for at most ``UNLOAD_WAIT_NS``), else
+  ``no_pages``. INFER of a model not loaded (or still loading) -> ``not_loaded``. UNLOAD of a
+  model not loaded -> ``not_loaded``, else it frees the pages; it takes no time.
+- Durations come from the profile (seeded noise optional). As on a real executor, a LOAD's
+  ``start_ns`` is when its lane started it and its ``duration_ns`` the loading alone.
 - Every delivered action gets exactly one result, through ``report``.
 """
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections.abc import Callable
 from enum import IntEnum
 
 from clockwork_async.core.events import ActionFinished, StartInfer, StartLoad, StartUnload
+from clockwork_async.lane_rules import (
+    EXECUTE_LANE,
+    LANE_OF,
+    LOAD_LANE,
+    UNLOAD_WAIT_NS,
+    UNTIMED,
+    ActionKind,
+    LaneQueue,
+    LoadVerdict,
+    RejectJob,
+    RunJob,
+    load_verdict,
+)
 from clockwork_async.wire.messages import ErrorCode
 
 from .profiles import SimProfile
 
-LaneCommand = StartLoad | StartInfer
+Command = StartLoad | StartInfer | StartUnload
 Schedule = Callable[[int, int, object, object], None]  # (time_ns, kind, executor, lane)
-Report = Callable[["SimExecutor", StartLoad | StartInfer | StartUnload, ActionFinished], None]
+Report = Callable[["SimExecutor", Command, ActionFinished], None]
 
-EV_LANE_DUE = 0  # a lane's head may be due: look again
+EV_LANE_DUE = 0  # a lane's head may be due, or a LOAD's wait for pages is over: look again
 EV_LANE_DONE = 1  # the running action of a lane ends
 
 
@@ -45,23 +65,31 @@ class ModelState(IntEnum):
 
 _LOADING = ModelState.LOADING  # module constants: enum attribute lookups are slow in hot paths
 _LOADED = ModelState.LOADED
+_START = LoadVerdict.START
+_WAIT = LoadVerdict.WAIT
+_REFUSAL = {
+    LoadVerdict.ALREADY_LOADED: ErrorCode.ALREADY_LOADED,
+    LoadVerdict.NO_PAGES: ErrorCode.NO_PAGES,
+}
+_INDEX_OF_LANE = {LOAD_LANE: LaneIndex.LOAD, EXECUTE_LANE: LaneIndex.EXECUTE}
+_LOAD_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.LOAD]]  # each action's lane, from the rules
+_INFER_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.INFER]]
+_UNLOAD_LANE = _INDEX_OF_LANE[LANE_OF[ActionKind.UNLOAD]]
+_UNTIMED_EARLIEST_NS, _UNTIMED_LATEST_NS = UNTIMED
 
 
 class SimLane:
-    """Queued actions by (earliest_ns, arrival); the running one; the wake-up asked for."""
+    """Queued actions (`LaneQueue`); the running one; a LOAD holding the lane while it waits
+    for pages; the wake-up asked for."""
 
-    __slots__ = ("index", "queue", "running", "seq", "wake_ns")
+    __slots__ = ("blocked", "index", "queue", "running", "wake_ns")
 
     def __init__(self, index: LaneIndex) -> None:
         self.index = index
-        self.queue: list[tuple[int, int, LaneCommand]] = []
-        self.running: tuple[LaneCommand, int] | None = None  # (action, start_ns)
-        self.seq = 0
+        self.queue: LaneQueue[Command] = LaneQueue()
+        self.running: tuple[StartLoad | StartInfer, int, int] | None = None  # (start, begun)
+        self.blocked: tuple[StartLoad, int] | None = None  # (LOAD, start_ns): waits for pages
         self.wake_ns = -1  # a pending EV_LANE_DUE time, or -1
-
-    def push(self, command: LaneCommand) -> None:
-        heapq.heappush(self.queue, (command.earliest_ns, self.seq, command))
-        self.seq += 1
 
 
 class SimExecutor:
@@ -81,18 +109,41 @@ class SimExecutor:
         self.pages_free = profile.pages_total
         self.models: dict[str, ModelState] = {}
         self.lanes = (SimLane(LaneIndex.LOAD), SimLane(LaneIndex.EXECUTE))
+        self._unloading: set[str] = set()  # loaded models whose UNLOAD is pending
         self._schedule = schedule
         self._report = report
         self._noise = noise
         self._rng = rng or random.Random(0)
 
-    def deliver(self, command: StartLoad | StartInfer | StartUnload, now_ns: int) -> None:
-        """An action arrives from the controller at ``now_ns``."""
-        if isinstance(command, StartUnload):
-            self._unload(command, now_ns)
-            return
-        lane = self.lanes[LaneIndex.LOAD if isinstance(command, StartLoad) else LaneIndex.EXECUTE]
-        lane.push(command)
+    def deliver(self, command: Command, now_ns: int) -> None:
+        """An action arrives from the controller at ``now_ns``: checked as the real host
+        checks on arrival, then queued in its lane."""
+        if isinstance(command, StartInfer):
+            earliest_ns, latest_ns, batch_size = (
+                command.earliest_ns,
+                command.latest_ns,
+                command.batch_size,
+            )
+            if (
+                earliest_ns > latest_ns
+                or batch_size not in self.profile.execute_ns
+                or len(command.request_ids) > batch_size
+            ):
+                self._fail(command, ErrorCode.BAD_INPUT, now_ns)
+                return
+            lane = self.lanes[_INFER_LANE]
+        elif isinstance(command, StartLoad):
+            earliest_ns, latest_ns = command.earliest_ns, command.latest_ns
+            if earliest_ns > latest_ns:
+                self._fail(command, ErrorCode.BAD_INPUT, now_ns)
+                return
+            lane = self.lanes[_LOAD_LANE]
+        else:
+            earliest_ns, latest_ns = _UNTIMED_EARLIEST_NS, _UNTIMED_LATEST_NS
+            if self.models.get(command.model) is _LOADED:
+                self._unloading.add(command.model)
+            lane = self.lanes[_UNLOAD_LANE]
+        lane.queue.push(command, earliest_ns, latest_ns)
         self.poke(lane, now_ns)
 
     def preload(self, model: str) -> bool:
@@ -113,50 +164,65 @@ class SimExecutor:
         self.poke(lane, now_ns)
 
     def poke(self, lane: SimLane, now_ns: int) -> None:
-        """Start, reject or wait for the lane's head, if the lane is free."""
+        """Start, reject or wait for the lane's head, if the lane is free (a LOAD waiting for
+        pages asks again first)."""
+        if lane.blocked is not None:
+            command, start_ns = lane.blocked
+            self._start_load(lane, command, start_ns, now_ns)
         queue = lane.queue
-        while lane.running is None and queue:
-            earliest_ns, _, command = queue[0]
-            if now_ns > command.latest_ns:
-                heapq.heappop(queue)
-                self._fail(command, ErrorCode.TOO_LATE, now_ns)
-            elif now_ns >= earliest_ns:
-                heapq.heappop(queue)
-                self._start(lane, command, now_ns)
+        while lane.running is None and lane.blocked is None:
+            step = queue.next_step(now_ns)
+            if step is None:
+                return
+            if isinstance(step, RunJob):
+                self._start(lane, step.job, now_ns)
+            elif isinstance(step, RejectJob):
+                self._fail(step.job, ErrorCode.TOO_LATE, now_ns)
             else:
-                if lane.wake_ns < now_ns or earliest_ns < lane.wake_ns:
-                    lane.wake_ns = earliest_ns
-                    self._schedule(earliest_ns, EV_LANE_DUE, self, lane)
+                wake_ns = step.time_ns
+                if lane.wake_ns < now_ns or wake_ns < lane.wake_ns:
+                    lane.wake_ns = wake_ns
+                    self._schedule(wake_ns, EV_LANE_DUE, self, lane)
                 return
 
-    def _start(self, lane: SimLane, command: LaneCommand, now_ns: int) -> None:
-        if isinstance(command, StartLoad):
-            code, base_ns = self._check_load(command), self.profile.load_ns
+    def _start(self, lane: SimLane, command: Command, now_ns: int) -> None:
+        if isinstance(command, StartInfer):
+            if self.models.get(command.model) is not _LOADED:
+                self._fail(command, ErrorCode.NOT_LOADED, now_ns)
+                return
+            lane.running = (command, now_ns, now_ns)
+            duration_ns = self._duration(self.profile.execute_ns[command.batch_size])
+            self._schedule(now_ns + duration_ns, EV_LANE_DONE, self, lane)
+        elif isinstance(command, StartLoad):
+            self._start_load(lane, command, now_ns, now_ns)
         else:
-            code, base_ns = self._check_infer(command)
-        if code is not None:
-            self._fail(command, code, now_ns)
-            return
-        if isinstance(command, StartLoad):
-            self.pages_free -= self.profile.weights_pages
-            self.models[command.model] = _LOADING
-        lane.running = (command, now_ns)
-        self._schedule(now_ns + self._duration(base_ns), EV_LANE_DONE, self, lane)
+            self._unload(command, now_ns)
 
-    def _check_load(self, command: StartLoad) -> ErrorCode | None:
-        if command.model in self.models:
-            return ErrorCode.ALREADY_LOADED
-        if self.pages_free < self.profile.weights_pages:
-            return ErrorCode.NO_PAGES
-        return None
+    def _start_load(self, lane: SimLane, command: StartLoad, start_ns: int, now_ns: int) -> None:
+        """Follow `load_verdict` for a LOAD that its lane started at ``start_ns``."""
+        verdict = load_verdict(
+            registered=command.model not in self.models,
+            pages_fit=self.pages_free >= self.profile.weights_pages,
+            unloads_pending=bool(self._unloading),
+            waited_ns=now_ns - start_ns,
+        )
+        if verdict is _START:
+            self._begin_load(lane, command, start_ns, now_ns)
+        elif verdict is _WAIT:
+            if lane.blocked is None:  # look again when the longest wait is over
+                self._schedule(start_ns + UNLOAD_WAIT_NS, EV_LANE_DUE, self, lane)
+            lane.blocked = (command, start_ns)
+        else:
+            lane.blocked = None
+            self._fail(command, _REFUSAL[verdict], now_ns)
 
-    def _check_infer(self, command: StartInfer) -> tuple[ErrorCode | None, int]:
-        if self.models.get(command.model) is not _LOADED:
-            return ErrorCode.NOT_LOADED, 0
-        base_ns = self.profile.execute_ns.get(command.batch_size)
-        if base_ns is None or len(command.request_ids) > command.batch_size:
-            return ErrorCode.BAD_INPUT, 0
-        return None, base_ns
+    def _begin_load(self, lane: SimLane, command: StartLoad, start_ns: int, now_ns: int) -> None:
+        """Take the pages and load from ``now_ns``; the lane started it at ``start_ns``."""
+        self.pages_free -= self.profile.weights_pages
+        self.models[command.model] = _LOADING
+        lane.blocked = None
+        lane.running = (command, start_ns, now_ns)
+        self._schedule(now_ns + self._duration(self.profile.load_ns), EV_LANE_DONE, self, lane)
 
     def _duration(self, base_ns: int) -> int:
         """The profile's duration, with seeded noise: base * max(0.5, 1 + noise * N(0, 1))."""
@@ -166,28 +232,30 @@ class SimExecutor:
 
     def _finish(self, lane: SimLane, now_ns: int) -> None:
         assert lane.running is not None, "a lane finished with nothing running"
-        command, start_ns = lane.running
+        command, start_ns, begun_ns = lane.running
         lane.running = None
         if isinstance(command, StartLoad):
             self.models[command.model] = _LOADED
         finished = ActionFinished(
-            self.executor_id, command.action_id, "", start_ns, now_ns, now_ns - start_ns
+            self.executor_id, command.action_id, "", start_ns, now_ns, now_ns - begun_ns
         )
         self._report(self, command, finished)
 
     def _unload(self, command: StartUnload, now_ns: int) -> None:
+        """Run an UNLOAD (it takes no time); a LOAD waiting for pages then asks again."""
+        self._unloading.discard(command.model)
         if self.models.get(command.model) is not _LOADED:
             self._fail(command, ErrorCode.NOT_LOADED, now_ns)
-            return
-        del self.models[command.model]
-        self.pages_free += self.profile.weights_pages
-        self._report(
-            self, command, ActionFinished(self.executor_id, command.action_id, "", now_ns, now_ns)
-        )
+        else:
+            del self.models[command.model]
+            self.pages_free += self.profile.weights_pages
+            finished = ActionFinished(self.executor_id, command.action_id, "", now_ns, now_ns)
+            self._report(self, command, finished)
+        load_lane = self.lanes[LaneIndex.LOAD]
+        if load_lane.blocked is not None:
+            self.poke(load_lane, now_ns)
 
-    def _fail(
-        self, command: StartLoad | StartInfer | StartUnload, code: ErrorCode, now_ns: int
-    ) -> None:
+    def _fail(self, command: Command, code: ErrorCode, now_ns: int) -> None:
         finished = ActionFinished(self.executor_id, command.action_id, code.value, now_ns, now_ns)
         self._report(self, command, finished)
 

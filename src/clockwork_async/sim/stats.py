@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import IO, Any, Protocol
 
 from clockwork_async.build import mypyc_attr
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.core.percentile import nearest_rank_index
 
 US_PER_TIMELINE_BIN = 100  # timeline latency resolution: 0.1 ms
 PERCENTILES = (50.0, 99.0, 99.9, 99.99)
@@ -106,11 +106,14 @@ class SimStats:
 
 
 def percentile(histogram: Mapping[int, int], percent: float) -> int | None:
-    """Nearest-rank percentile of a value -> count histogram; None when it is empty."""
+    """The house's nearest-rank percentile (`core.percentile`) of a value -> count histogram,
+    None when it is empty: the same value `percentile_of` gives for the samples the histogram
+    counts, found by walking the counts instead of sorting every sample. Raises ValueError for
+    ``percent`` outside [0, 100]."""
     total = sum(histogram.values())
     if total == 0:
         return None
-    rank = max(1, math.ceil(percent / 100.0 * total))
+    rank = nearest_rank_index(total, percent) + 1  # 1-based
     seen = 0
     for value in sorted(histogram):
         seen += histogram[value]

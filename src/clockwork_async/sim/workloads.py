@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,6 +58,13 @@ class Workload(Protocol):
         ...
 
     def describe(self) -> dict[str, object]: ...
+
+
+def request_slos_ns(workload: object) -> Sequence[int] | None:
+    """A workload's own SLO per request (``request_slos_ns``, indexed by open-loop arrival
+    order), or None when every request has the run's SLO."""
+    slos: Sequence[int] | None = getattr(workload, "request_slos_ns", None)
+    return slos
 
 
 def draw_piece(rng: np.random.Generator, start_ns: int, end_ns: int, rates: Rates) -> Arrivals:

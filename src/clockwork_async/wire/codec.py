@@ -1,5 +1,7 @@
 """Framing and message codec of the clockwork-async wire protocol. No I/O, no asyncio, no clock.
 
+One idea: bytes to messages and messages to bytes.
+
 A frame is ``prefix | header | tail``: the prefix is two big-endian u32 (``header_len``,
 ``tail_len``); the header one msgpack map ``{"t": TAG, field: value, ...}``; the tail raw bytes
 that the header's tensors reference as ``[dtype, shape, offset, nbytes]`` (docs/protocol.md).
@@ -136,6 +138,8 @@ class Encoder:
         header: dict[str, Any] = {"t": schema.cls.TAG}
         for f in schema.fields:
             value = getattr(message, f.name)
+            if f.omit_at_default and value == f.default:
+                continue  # a peer that predates the field reads the message too
             if type(value) is f.exact_type and f.exact_type is not int:
                 header[f.name] = value  # str, bool, bytes: already what the wire carries
                 continue

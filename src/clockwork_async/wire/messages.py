@@ -1,5 +1,7 @@
 """Typed, tagged messages of the clockwork-async wire protocol.
 
+One idea: the protocol's vocabulary, one dataclass per message.
+
 Invariant: every message is a frozen dataclass with a unique class attribute ``TAG``; the codec
 (`wire.codec`) maps tags to classes through ``MESSAGE_TYPES`` and checks every field against the
 annotations declared here, so a decoded message always has the types it says it has.
@@ -8,6 +10,10 @@ Field types the codec knows: ``int``, ``float``, ``str``, ``bool``, ``bytes``, `
 those, ``tuple[int, ...]``, ``tuple[str, ...]``, ``tuple[TensorSpec, ...]``,
 ``Mapping[str, int]`` and ``Mapping[str, np.ndarray]`` (tensors: dtype + shape + raw bytes,
 carried in the frame's tail, decoded to numpy without a copy).
+
+Fields added after version 1 was published are declared with `added_field`: they have a
+default, and the reference encoder leaves them out while they hold it, so a peer that predates
+them still decodes what does not use them (a receiver rejects keys it does not know).
 
 Times are nanoseconds. Executor action windows (``earliest_ns``, ``latest_ns``) and result
 timestamps are in the *executor's* ``time.monotonic_ns()`` clock; the controller translates with
@@ -19,11 +25,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 PROTOCOL_VERSION = 1
+OMIT_AT_DEFAULT = "omit_at_default"  # dataclass field metadata: see `added_field`
+
+
+def added_field(default: object) -> Any:
+    """A field added to a published message: optional, and not written while it is
+    ``default`` (docs/protocol.md, section 3)."""
+    return field(default=default, metadata={OMIT_AT_DEFAULT: True})
 
 
 class ErrorCode(StrEnum):
@@ -274,6 +287,7 @@ class ModelStatus:
     default_slo_ns: int = 0
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
+    version: int = added_field(0)  # 1, then one more at each replace (0: not told)
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +318,7 @@ class InferReply:
     timing_ns: Mapping[str, int] = field(default_factory=dict)
     executor_id: str = ""
     batch_size: int = 0
+    model_version: int = added_field(0)  # the version of the model that answered (0: none)
 
     @property
     def ok(self) -> bool:
@@ -335,6 +350,7 @@ class AddModel:
     name: str
     files: Mapping[str, np.ndarray]
     model_toml: str | None = None
+    replace: bool = added_field(False)  # take the name from the model serving under it
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,9 @@ Invariants: a field's decoder accepts exactly the msgpack values of its annotate
 become tuples; ``bool`` is never an ``int``) and raises `SchemaError` for anything else; a
 `TensorRef` that `parse_tensor_map` returns lies wholly inside the tail, and its byte count
 equals its dtype's itemsize times the product of its shape.
+
+One idea: a message field as the wire carries it, its checks and conversions both ways,
+tensors' places in the tail included; split, the two directions would drift apart.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
-from clockwork_async.wire.messages import MESSAGE_TYPES
+from clockwork_async.wire.messages import MESSAGE_TYPES, OMIT_AT_DEFAULT
 
 TENSOR_ALIGN_BYTES = 8  # the encoder starts every non-empty tensor at a multiple of this
 _PADDING = bytes(TENSOR_ALIGN_BYTES)
@@ -200,7 +203,8 @@ def _record(cls: type[Any]) -> tuple[Convert, Convert]:
 
     def encode(value: Any) -> dict[str, Any]:
         expect(isinstance(value, cls), cls.__name__, value)
-        return {f.name: f.encode(getattr(value, f.name)) for f in schema.fields}
+        items = ((f, getattr(value, f.name)) for f in schema.fields)
+        return {f.name: f.encode(v) for f, v in items if not f.omitted(v)}
 
     return (lambda value: cls(**_decode_plain_fields(schema, value))), encode
 
@@ -233,6 +237,12 @@ class Field:
     required: bool
     tensors: bool  # Mapping[str, np.ndarray]: carried in the tail
     exact_type: type | None = None  # a wire value of exactly this type is already the value
+    omit_at_default: bool = False  # an added field: not written while it holds its default
+    default: Any = None
+
+    def omitted(self, value: Any) -> bool:
+        """Whether the encoder leaves out this field holding ``value``."""
+        return self.omit_at_default and value == self.default
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,7 +262,8 @@ def _field_of(f: dataclasses.Field[Any], tp: Any) -> Field:
         return Field(f.name, _tensors_not_plain, _tensors_not_plain, required, tensors=True)
     decode, encode = _converters(tp)
     exact_type = tp if tp in (int, str, bool, bytes) else None
-    return Field(f.name, decode, encode, required, tensors=False, exact_type=exact_type)
+    omit = bool(f.metadata.get(OMIT_AT_DEFAULT))
+    return Field(f.name, decode, encode, required, False, exact_type, omit, f.default)
 
 
 def _schema_of(cls: type[Any]) -> Schema:
