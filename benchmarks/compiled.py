@@ -1,6 +1,6 @@
 """Pure against compiled core (issue 28), side by side from one compiled install.
 
-    python -m benchmarks.compiled [--install DIR] [--quick] [--only sim,overhead,scale]
+    python -m benchmarks.compiled [--install DIR] [--quick] [--only sim,controller,overhead,scale]
                                   [--json results/compiled.json]
 
 ``DIR`` holds a compiled build (``pip install --no-deps --target DIR <wheel>``, see
@@ -13,6 +13,8 @@ shared machine allows, the same load (the 1-minute load average is recorded besi
   first 10 minutes, quick 2, at twice the trace's rate onto 4,000 instances on 6 ResNet50-V100
   executors, 100 ms SLO) and the 2x overload (12 instances, 1,846 req/s on one executor, 2
   minutes, quick 30 s). Outcome counts and the INFER batch-size histogram must be identical.
+- ``controller``: ``benchmarks.controller`` (``--quick`` passed on): the core's own CPU per
+  request, replaying recorded event logs into a fresh core (best of 3).
 - ``overhead``: ``benchmarks.overhead --no-flipped`` (``--quick`` passed on): the daemon's
   serial round trip, pipelined throughput and the controller's CPU per request (core, driver,
   sends; from the daemon's stats).
@@ -189,7 +191,26 @@ def compare_scale(install: Path, quick: bool) -> dict[str, Any]:
     return rows
 
 
-COMPARISONS = {"sim": compare_sim, "overhead": compare_overhead, "scale": compare_scale}
+def compare_controller(install: Path, quick: bool) -> dict[str, Any]:
+    rows: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for build in BUILDS:
+            out = Path(folder) / f"controller-{build}.json"
+            flags = ["--json", str(out), *(["--quick"] if quick else [])]
+            run_child(install, build, ["-m", "benchmarks.controller", *flags])
+            rows[build] = [
+                {key: case[key] for key in ("case", "requests", "us_per_request", "outcomes")}
+                for case in json.loads(out.read_text())["rows"]
+            ]
+    return rows
+
+
+COMPARISONS = {
+    "sim": compare_sim,
+    "controller": compare_controller,
+    "overhead": compare_overhead,
+    "scale": compare_scale,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
