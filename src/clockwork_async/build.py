@@ -20,18 +20,14 @@ Invariants:
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
-import logging
 import os
 import sys
 from collections.abc import Sequence
 from functools import cache
-from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -52,7 +48,6 @@ MANIFEST = "_compiled.json"
 PURE_VARIABLE = "CLOCKWORK_ASYNC_PURE"  # "1": load every module from source (side by side runs)
 PROBE_MODULE = f"{PACKAGE}.core.controller"  # compiled in every compiled build
 _HERE = Path(__file__).resolve().parent
-_LOG = logging.getLogger(f"{PACKAGE}.build")
 _refused: list[str] = []  # why compiled modules were not used, for `describe`
 
 
@@ -89,6 +84,8 @@ def _extension_modules(root: Path) -> dict[str, Path]:
 
 
 def _recorded_digests(root: Path) -> dict[str, str]:
+    import json  # here, as hashlib and logging below: a pure build never needs them
+
     try:
         modules = json.loads((root / MANIFEST).read_text())["modules"]
     except (OSError, ValueError, KeyError):
@@ -101,6 +98,8 @@ def stale_modules(root: Path = _HERE) -> dict[str, Path]:
     extensions = _extension_modules(root)
     if not extensions:
         return {}
+    import hashlib
+
     recorded = _recorded_digests(root)
     return {
         name: source
@@ -119,7 +118,9 @@ def guard_stale_modules(root: Path = _HERE) -> None:
     if not stale:
         return
     _load_from_source(root, f"compiled build refused: {len(stale)} module(s) stale")
-    _LOG.warning(
+    import logging
+
+    logging.getLogger(f"{PACKAGE}.build").warning(
         "clockwork-async: %d compiled module(s) do not match their source (%s); using the "
         "pure-Python modules; rebuild (docs/benchmarks.md, 'Compiled core') to compile again",
         len(stale),
@@ -152,6 +153,8 @@ def core_label() -> str:
 
 @cache
 def version() -> str:
+    from importlib import metadata  # 20 ms to import: only when asked
+
     try:
         return metadata.version("clockwork-async")
     except metadata.PackageNotFoundError:
