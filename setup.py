@@ -201,13 +201,8 @@ class BuildCompiledCore(build_ext):
 def remove_compiled_leftovers() -> None:
     """A pure editable build after a compiled one: the old extension modules in the source tree
     would shadow the edited sources (Python prefers the .so), so they go."""
-    stems = {path.with_suffix("") for path in compiled_sources()}
-    leftovers = [
-        path
-        for folder in (PACKAGE / "core", PACKAGE / "sim", ROOT / "src")
-        for path in folder.glob("*.so")
-        if path.parent / path.name.split(".")[0] in stems or GROUP_NAME in path.name
-    ]
+    # The project has no C sources of its own: every extension in the package is mypyc's.
+    leftovers = [*PACKAGE.rglob("*.so"), *(ROOT / "src").glob(f"{GROUP_NAME}*")]
     leftovers += [path for path in (PACKAGE / MANIFEST,) if path.exists()]
     for path in leftovers:
         path.unlink()
