@@ -70,7 +70,6 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset(
         "clockwork_async.connection",
         "clockwork_async.daemon",
         "clockwork_async.runtime.dispatcher",
-        "clockwork_async.runtime.executor_link",
     }
 )
 

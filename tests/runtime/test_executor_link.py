@@ -16,9 +16,9 @@ from clockwork_async.runtime.executor_link import (
     LinkConfig,
     LinkDown,
     LinkError,
-    LinkKeeper,
     LinkState,
 )
+from clockwork_async.runtime.link_keeper import LinkKeeper
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
     ActionResult,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from clockwork_async.runtime.executor_link import ExecutorLink, LinkConfig, LinkError, LinkKeeper
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkConfig, LinkError
+from clockwork_async.runtime.link_keeper import LinkKeeper
 from clockwork_async.runtime.registration import ModelSource, reconcile
 from clockwork_async.runtime.supervisor import Supervisor
 
