@@ -262,7 +262,7 @@ class StallBeforeJudging(Controller):
 
 
 async def test_a_result_the_core_sees_after_the_deadline_is_late_everywhere(
-    executor: ExecutorProcess,
+    executor: ExecutorProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
     core = StallBeforeJudging(stall_ns=500 * MS_NS)
     driver = Driver(
@@ -283,6 +283,8 @@ async def test_a_result_the_core_sees_after_the_deadline_is_late_everywhere(
         assert [o.outcome for o in seen] == [Outcome.LATE]  # listeners (metrics) agree
         assert driver.snapshot().outcomes == {"late": 1}  # and so do the counts
         assert core.stats().outcomes["late"] == 1  # the one judge
+        assert "late: the result reached the controller" in caplog.text  # traced in the log
+        assert "predicted execute" in caplog.text
     finally:
         await driver.close()
 

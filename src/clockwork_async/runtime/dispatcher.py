@@ -69,6 +69,7 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.logs import request_extra
 from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
@@ -509,6 +510,8 @@ class Dispatcher:
     def _deliver(self, request: PendingRequest, outcome: InferOutcome, now_ns: int) -> None:
         """The one way out for an answer: counted once, then the caller, then listeners."""
         self._book.count(outcome.outcome)
+        if outcome.outcome is Outcome.LATE:
+            _log_late(request, outcome)
         _call_quietly(request.on_reply, outcome)
         served = self._models.get(request.model)
         model_label = request.model if served is not None else OTHER
@@ -624,6 +627,21 @@ class Dispatcher:
     def loop_lane(self) -> LoopLane:
         """The loop as a lane: its learned cost and how far behind it is (to read)."""
         return self._loop
+
+
+def _log_late(request: PendingRequest, outcome: InferOutcome) -> None:
+    """Every ``late`` answer is logged with the core's reason and the action's predicted and
+    measured execute time, so each one can be traced to a misprediction or a slow hop."""
+    timing = outcome.timing_ns
+    log.warning(
+        "late: %s (predicted execute %.3f ms, measured %.3f ms, batch %d, executor %s)",
+        outcome.message,
+        timing.get("predicted_execute", 0) / 1e6,
+        timing.get("execute", 0) / 1e6,
+        outcome.batch_size,
+        outcome.executor_id,
+        extra=request_extra(request.request_id),
+    )
 
 
 def _call_soon(callback: Callable[[], None]) -> None:
