@@ -61,7 +61,7 @@ from .membership import (
 )
 from .placement import place
 from .policies import Policy, make_policy
-from .results import on_action_finished
+from .results import learn_return_hop, on_action_finished
 from .scheduler import emit_wake, run_due
 from .state import CoreState
 from .stats import ControllerStats, ExecutorStats, executor_stats, snapshot
@@ -143,9 +143,7 @@ class Controller:
             on_request_arrived(self._core, self._policy, arrival)
 
     def _on_return_hop(self, event: ReturnHop) -> None:
-        if event.hop_ns < 0:
-            raise InvalidEvent(f"a return hop cannot be negative: {event!r}")
-        self._core.return_hop_ns = event.hop_ns
+        learn_return_hop(self._core, event.hop_ns)
 
     def _on_shutdown(self, event: Shutdown) -> None:
         self._core.shutting_down = True

@@ -28,7 +28,7 @@ from .outcomes import Outcome
 from .policies import Policy
 from .queues import RequestStatus
 from .requests import answer, rebook
-from .results import replan_or_end
+from .results import learn_lead, replan_or_end
 from .state import CoreState
 
 
@@ -66,13 +66,8 @@ def _adopt_resident(core: CoreState, executor: ExecutorState, name: str) -> None
 
 
 def on_executor_lead(core: CoreState, event: ExecutorLead) -> None:
-    """Plan new actions on the executor's lanes ``lead_ns`` ahead at least; the work already
-    committed keeps its plan. An unknown executor (it left meanwhile) is ignored."""
-    if event.lead_ns < 0:
-        raise InvalidEvent(f"lead_ns must be >= 0, not {event.lead_ns}")
-    executor = core.executors.get(event.executor_id)
-    if executor is not None:
-        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
+    """`results.learn_lead`: the way there to plan new actions on that executor by."""
+    learn_lead(core, event.executor_id, event.lead_ns)
 
 
 def on_executor_left(core: CoreState, policy: Policy, event: ExecutorLeft) -> None:

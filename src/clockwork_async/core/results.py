@@ -44,14 +44,33 @@ def on_action_finished(core: CoreState, policy: Policy, event: ActionFinished) -
 
 
 def _learn_hops(core: CoreState, event: ActionFinished) -> None:
-    """As `ReturnHop` and `ExecutorLead` would (controller.py, membership.py)."""
+    """The hops that rode with a result, learned as `ReturnHop` and `ExecutorLead` are; both
+    checked before either is learned."""
     if min(event.return_hop_ns or 0, event.lead_ns or 0) < 0:
         raise InvalidEvent(f"hops cannot be negative: {event!r}")
     if event.return_hop_ns is not None:
-        core.return_hop_ns = event.return_hop_ns
-    executor = core.executors.get(event.executor_id)
-    if event.lead_ns is not None and executor is not None:
-        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = event.lead_ns
+        learn_return_hop(core, event.return_hop_ns)
+    if event.lead_ns is not None:
+        learn_lead(core, event.executor_id, event.lead_ns)
+
+
+def learn_return_hop(core: CoreState, hop_ns: int) -> None:
+    """Plan each request that arrives from now on to end ``hop_ns`` before its deadline, and
+    judge results against the deadline less it. Raises InvalidEvent for a negative hop."""
+    if hop_ns < 0:
+        raise InvalidEvent(f"a return hop cannot be negative, not {hop_ns}")
+    core.return_hop_ns = hop_ns
+
+
+def learn_lead(core: CoreState, executor_id: str, lead_ns: int) -> None:
+    """Plan new actions on the executor's lanes ``lead_ns`` ahead at least; the work already
+    committed keeps its plan. An unknown executor (it left meanwhile) is ignored. Raises
+    InvalidEvent for a negative lead."""
+    if lead_ns < 0:
+        raise InvalidEvent(f"lead_ns must be >= 0, not {lead_ns}")
+    executor = core.executors.get(executor_id)
+    if executor is not None:
+        executor.exec_lane.lead_ns = executor.load_lane.lead_ns = lead_ns
 
 
 def _on_unload_finished(core: CoreState, event: ActionFinished) -> None:
