@@ -261,9 +261,9 @@ class Dispatcher:
     ) -> str | None:
         """The door, from a frame's header (`api.service.Requests.screen`): why the loop
         cannot take this request (`_loop_refusal`), or None. Changes nothing."""
-        if self._state is not DispatcherState.RUNNING:
-            return None  # `submit` answers it shutting_down
         now_ns = self._now_ns()
+        if self._state is not DispatcherState.RUNNING or not self._loop.delay_ns(now_ns):
+            return None  # `submit` answers it shutting_down; an idle loop refuses nothing
         deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
         return self._loop_refusal(deadline_ns - now_ns, now_ns)
 
