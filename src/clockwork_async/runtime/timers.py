@@ -265,11 +265,6 @@ class LagProbe:
         self._timer_ns.append(max(0, now_ns - self._due_ns))
         self._handle = asyncio.get_running_loop().call_soon(self._soon_ran, now_ns)
 
-    @property
-    def last_ns(self) -> int:
-        """The last measured ready-callback wait (0 before the first probe)."""
-        return self._soon_ns[-1] if self._soon_ns else 0
-
     def _soon_ran(self, queued_ns: int) -> None:
         self._soon_ns.append(self._now_ns() - queued_ns)
         self._arm()
