@@ -25,12 +25,12 @@ before and after with the same generator).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,16 +44,19 @@ from benchmarks.lib import (
     machine_description,
     pyplot,
     run_bench,
+    run_uvloop,
     save,
+    serve_wire,
+    start_wire_server,
     table,
     write_json,
 )
+from clockwork_async.wire.messages import ModelStatus, TensorSpec
 
 SLO_MS = 100.0
 SLOWDOWN = 0.01
 SUSTAINED = 0.95  # of the scheduled rate: below, the generator could not keep the step
 KNEE_GOODPUT = 0.99
-INGEST_READY = "ingest listening on "
 EXECUTOR_CPU = 1  # the controller pins itself to CPU 0, which the generator shares
 EXECUTOR = f"""
 [[executors]]
@@ -95,62 +98,32 @@ SIZES = {
 # --- the raw ingest reference (its own process) --------------------------------------------------
 
 
-async def serve_ingest(input_shape: tuple[int, ...]) -> None:
-    """Serve until killed: hello; ListModels -> one model ``m`` taking ``input_shape`` rows;
-    InferRequest -> a short ``ok`` InferReply (no outputs)."""
-    from clockwork_async.connection import Connection, start_server
-    from clockwork_async.wire.messages import (
-        PROTOCOL_VERSION,
-        Hello,
-        InferReply,
-        InferRequest,
-        ListModels,
-        ModelsReply,
-        ModelStatus,
-        Role,
-        TensorSpec,
-    )
+def ingest_reply(model: ModelStatus) -> Callable[[Any], Any]:
+    """The ingest reference's answers: ListModels -> ``model``; InferRequest -> a short
+    ``ok`` InferReply (no outputs)."""
+    from clockwork_async.wire.messages import InferReply, InferRequest, ListModels, ModelsReply
 
+    def respond(message: Any) -> Any:
+        if isinstance(message, InferRequest):
+            return InferReply(message.request_id, "ok", "")
+        if isinstance(message, ListModels):
+            return ModelsReply(message.request_id, "ok", "1 model", (model,))
+        return None
+
+    return respond
+
+
+def ingest_model(input_shape: tuple[int, ...]) -> ModelStatus:
+    """One model ``m`` taking rows of ``input_shape``."""
     spec = TensorSpec("input", "float32", (-1, *input_shape))
-    model = ModelStatus("m", "m", "ready", batch_sizes=(1,), inputs=(spec,))
-
-    async def handle(connection: Connection) -> None:
-        await connection.recv()
-        connection.send(Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, "ingest"))
-        while True:
-            message = await connection.recv()
-            if isinstance(message, InferRequest):
-                connection.send(InferReply(message.request_id, "ok", ""))
-            elif isinstance(message, ListModels):
-                connection.send(ModelsReply(message.request_id, "ok", "1 model", (model,)))
-            if connection.writing_paused:
-                await connection.drain()
-
-    server = await start_server(handle, "tcp:127.0.0.1:0", expect_hello=True)
-    host, port = server.sockets[0].getsockname()[:2]
-    print(f"{INGEST_READY}{host}:{port}", flush=True)
-    await asyncio.Event().wait()
+    return ModelStatus("m", "m", "ready", batch_sizes=(1,), inputs=(spec,))
 
 
-class IngestServer:
-    """The reference server's process (on every CPU but the generator's)."""
-
-    def __init__(self, input_shape: tuple[int, ...]) -> None:
-        import subprocess
-
-        shape = ",".join(str(d) for d in input_shape)
-        argv = [sys.executable, "-m", "benchmarks.daemon_capacity", "--serve-ingest", shape]
-        self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline().decode()
-        if not line.startswith(INGEST_READY):
-            self.stop()
-            raise RuntimeError(f"the ingest server did not start: {line!r}")
-        self.address = line.removeprefix(INGEST_READY).strip()
-
-    def stop(self) -> None:
-        self.process.kill()
-        self.process.wait()
+def start_ingest(input_shape: tuple[int, ...]) -> tuple[subprocess.Popen[bytes], str]:
+    """The reference server's process (`serve_wire`) and its address."""
+    shape = ",".join(str(d) for d in input_shape)
+    argv = [sys.executable, "-m", "benchmarks.daemon_capacity", "--serve-ingest", shape]
+    return start_wire_server(argv)
 
 
 # --- one step ------------------------------------------------------------------------------------
@@ -256,14 +229,15 @@ def run_size(size: RowSize, quick: bool, daemon_python: str) -> dict[str, Any]:
                 rows.append(step(daemon.api, "m", rate_rps, duration_s, folder, daemon.pid))
         finally:
             daemon.stop()
-        ingest = IngestServer(size.input_shape)
+        ingest, ingest_address = start_ingest(size.input_shape)
         reference = []
         try:
             for rate_rps in rates:
                 print(f"  {size.name} ingest reference at {rate_rps} req/s ...", flush=True)
-                reference.append(step(ingest.address, "m", rate_rps, duration_s, folder, None))
+                reference.append(step(ingest_address, "m", rate_rps, duration_s, folder, None))
         finally:
-            ingest.stop()
+            ingest.kill()
+            ingest.wait()
     return {
         "size": size.name,
         "daemon": rows,
@@ -346,9 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.serve_ingest:
-        from benchmarks.lib import run_uvloop
-
-        run_uvloop(serve_ingest(tuple(int(d) for d in args.serve_ingest.split(","))))
+        model = ingest_model(tuple(int(d) for d in args.serve_ingest.split(",")))
+        run_uvloop(serve_wire("ingest", ingest_reply(model)))
         return 0
     started = time.time()
     result: dict[str, Any] = {

@@ -61,6 +61,8 @@ from benchmarks.lib import (
     machine_description,
     ratio,
     run_uvloop,
+    serve_wire,
+    start_wire_server,
     summarize_ns,
     table,
     write_report,
@@ -73,7 +75,6 @@ SLOWDOWN = 0.02  # tiny-sim b1 500 µs x 0.02 = 10 µs
 INPUTS = {"input": np.zeros((1, 4), dtype=np.float32)}  # what simulated models take
 MODEL = "near-zero"
 BUSY_POLL_VARIABLE = "CLOCKWORK_ASYNC_SERVER_BUSY_POLL_US"
-ECHO_READY = "echo listening "
 # The daemon's own timing of a request: arrival to reply, arrival to sent to the executor, and
 # the executor's start to end (its lane's wait for the window's start is outside it).
 DAEMON_TIMINGS = ("total", "queue", "executor")
@@ -112,48 +113,20 @@ class Samples:
 # --- the echo server (its own process) -----------------------------------------------------------
 
 
-async def serve_echo() -> None:
-    """Serve until killed: hello, then InferRequest -> InferReply(same tensors), Ping -> Pong."""
-    from clockwork_async.connection import Connection, start_server
-    from clockwork_async.wire.messages import (
-        PROTOCOL_VERSION,
-        Hello,
-        InferReply,
-        InferRequest,
-        Ping,
-        Pong,
-        Role,
-    )
+def echo(message: Any) -> Any:
+    """The echo server's answers: InferRequest -> InferReply(same tensors), Ping -> Pong."""
+    from clockwork_async.wire.messages import InferReply, InferRequest, Ping, Pong
 
-    async def handle(connection: Connection) -> None:
-        await connection.recv()  # the client's hello (expect_hello checks it is one)
-        connection.send(Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, "echo"))
-        while True:
-            message = await connection.recv()
-            if isinstance(message, InferRequest):
-                connection.send(InferReply(message.request_id, "ok", "", message.inputs))
-            elif isinstance(message, Ping):
-                connection.send(Pong(message.seq, message.sent_ns, time.monotonic_ns()))
-            if connection.writing_paused:
-                await connection.drain()
-
-    server = await start_server(handle, "tcp:127.0.0.1:0", expect_hello=True)
-    host, port = server.sockets[0].getsockname()[:2]
-    print(f"{ECHO_READY}{host}:{port}", flush=True)
-    await asyncio.Event().wait()
+    if isinstance(message, InferRequest):
+        return InferReply(message.request_id, "ok", "", message.inputs)
+    if isinstance(message, Ping):
+        return Pong(message.seq, message.sent_ns, time.monotonic_ns())
+    return None
 
 
 def start_echo() -> tuple[subprocess.Popen[bytes], str]:
     """The echo server process and its address. Raises RuntimeError if it does not start."""
-    argv = [sys.executable, "-m", "benchmarks.overhead", "--serve-echo"]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    if not line.startswith(ECHO_READY):
-        process.kill()
-        process.wait()
-        raise RuntimeError(f"the echo server did not start: {line!r}")
-    return process, line.removeprefix(ECHO_READY).strip()
+    return start_wire_server([sys.executable, "-m", "benchmarks.overhead", "--serve-echo"])
 
 
 # --- measuring one target ------------------------------------------------------------------------
@@ -484,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.serve_echo:
-        run_uvloop(serve_echo())
+        run_uvloop(serve_wire("echo", echo))
         return 0
     plan = QUICK if args.quick else FULL
     machine = machine_description()

@@ -294,3 +294,46 @@ def record(address: str, spec: LoadSpec, out: Path) -> dict[str, Any]:
 
 def _summary_path(rows: Path) -> Path:
     return rows.with_name(f"{rows.stem}-summary.json")
+
+
+# --- reference servers (their own processes) -----------------------------------------------------
+
+WIRE_SERVER_READY = "wire server listening on "
+Respond = Callable[[Any], Any]  # a wire message in, its answer out (None: no answer)
+
+
+async def serve_wire(name: str, respond: Respond) -> None:
+    """Serve until killed on a loopback port, printed as `WIRE_SERVER_READY` HOST:PORT: each
+    connection's hello is answered, then every message gets ``respond(message)`` (unless it
+    is None). The project's codec and `connection`, no controller: the floor the daemon's
+    benchmarks compare against."""
+    from clockwork_async.connection import Connection, start_server
+    from clockwork_async.wire.messages import PROTOCOL_VERSION, Hello, Role
+
+    async def handle(connection: Connection) -> None:
+        await connection.recv()  # the client's hello (expect_hello checks it is one)
+        connection.send(Hello(PROTOCOL_VERSION, Role.CONTROLLER.value, name))
+        while True:
+            answer = respond(await connection.recv())
+            if answer is not None:
+                connection.send(answer)
+            if connection.writing_paused:
+                await connection.drain()
+
+    server = await start_server(handle, "tcp:127.0.0.1:0", expect_hello=True)
+    host, port = server.sockets[0].getsockname()[:2]
+    print(f"{WIRE_SERVER_READY}{host}:{port}", flush=True)
+    await asyncio.Event().wait()
+
+
+def start_wire_server(argv: Sequence[str]) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``argv``, a process that runs `serve_wire`; returns it and its address. Raises
+    RuntimeError if it does not say where it listens."""
+    process = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert process.stdout is not None
+    line = process.stdout.readline().decode()
+    if not line.startswith(WIRE_SERVER_READY):
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"{argv} did not start: {line!r}")
+    return process, line.removeprefix(WIRE_SERVER_READY).strip()
