@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from clockwork_async.wire.dtypes import batch_shape, request_shape
 from clockwork_async.wire.messages import TensorSpec
 
 
@@ -55,19 +56,12 @@ def validate_request(
         _check_row(model, spec, batch_sizes, inputs[spec.name])
 
 
-def request_shape(spec: TensorSpec) -> tuple[int, ...]:
-    """The shape of one request's value of ``spec``: a dynamic axis 0 (the batch) is 1, every
-    other axis as declared (-1: any length, only where no model.toml declared it). A tensor
-    without a batch axis (a scalar, a fixed shape) is sent whole."""
-    return tuple(1 if axis == 0 and dim == -1 else dim for axis, dim in enumerate(spec.shape))
-
-
 def _check_row(model: str, spec: TensorSpec, batch_sizes: Sequence[int], value: object) -> None:
     if not isinstance(value, np.ndarray):
         raise BadInput(f"input {spec.name!r} is a {type(value).__name__}, not a numpy array")
     if value.dtype != _dtype(spec.dtype):
         raise BadInput(f"input {spec.name!r} has dtype {value.dtype}, expected {spec.dtype}")
-    want = request_shape(spec)
+    want = request_shape(spec.shape)
     if value.ndim != len(want):
         raise BadInput(
             f"input {spec.name!r} has shape {value.shape}, expected {_shape_text(want)} "
@@ -145,14 +139,9 @@ def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.nda
     """Zeros shaped like each input at ``batch_size``: the batch axis (a dynamic axis 0) is
     ``batch_size``, every other axis its declared length (an undeclared one: 1); a tensor
     without a batch axis keeps its shape (a scalar stays 0-d)."""
-    return {spec.name: np.zeros(_batch_shape(spec, batch_size), dtype=spec.dtype) for spec in specs}
-
-
-def _batch_shape(spec: TensorSpec, batch_size: int) -> tuple[int, ...]:
-    return tuple(
-        (batch_size if axis == 0 else 1) if dim == -1 else dim
-        for axis, dim in enumerate(spec.shape)
-    )
+    return {
+        spec.name: np.zeros(batch_shape(spec.shape, batch_size), dtype=spec.dtype) for spec in specs
+    }
 
 
 def tensor_bytes(inputs: Mapping[str, object]) -> int:

@@ -7,11 +7,13 @@ a model whose input or output has a type outside the table is refused at registr
 every tensor a served model takes or gives can travel on the wire.
 
 ONNX element types map onto the table by `onnx_wire_name`; ONNX's own types that numpy lacks
-(bfloat16, float8, int4, string, complex) have no wire name.
+(bfloat16, float8, int4, string, complex) have no wire name. `request_shape` is the one rule
+for the shape of a request's value, shared by the daemon's checks and the clients.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,3 +67,29 @@ def onnx_wire_name(element_type: int) -> str | None:
 def supported_names() -> str:
     """The wire names, comma separated, for error messages."""
     return ", ".join(WIRE_DTYPES)
+
+
+def request_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The shape of one request's value of an input declared ``shape``: a dynamic axis 0 (the
+    batch) is 1, every other axis as declared (-1: any length, where nothing declared it). An
+    input without a batch axis (a scalar, a fixed shape) is sent whole."""
+    return tuple(1 if axis == 0 and dim == -1 else dim for axis, dim in enumerate(shape))
+
+
+def batch_shape(shape: Sequence[int], batch_size: int) -> tuple[int, ...]:
+    """The shape of a batch of ``batch_size`` of an input declared ``shape``: the batch axis
+    ``batch_size``, any other dynamic axis 1, an input without a batch axis whole."""
+    return tuple(
+        (batch_size if axis == 0 else 1) if dim == -1 else dim for axis, dim in enumerate(shape)
+    )
+
+
+def random_values(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> np.ndarray:
+    """Seeded example values of a wire dtype: normal floats, small integers, random booleans.
+    Raises KeyError for a dtype the wire does not carry."""
+    wire_dtype = WIRE_DTYPES[dtype]
+    if wire_dtype.kind == "f":
+        return rng.standard_normal(tuple(shape)).astype(wire_dtype)
+    if wire_dtype.kind == "b":
+        return np.asarray(rng.random(tuple(shape)) < 0.5)
+    return rng.integers(0, 10, tuple(shape)).astype(wire_dtype)
