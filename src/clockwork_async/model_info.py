@@ -97,20 +97,26 @@ def _inputs(
     or a table of per-input settings (``[inputs.NAME.axes]``). Raises InvalidModel."""
     if isinstance(declared, list):
         specs = _tensors(name, "input", model, declared)
-        tables: dict[str, Any] = {}
-        keys = {s.name: {axis: str(axis) for axis in range(len(s.shape))} for s in specs}
-    else:
-        specs = _graph_tensors(name, "input", model)
-        tables = declared if declared is not None else {}
-        keys = _axis_keys(model)
-        if not isinstance(tables, dict):
-            raise InvalidModel(f"model {name!r}: {TOML_FILE} inputs must be tables")
+        _check_given_lengths(name, specs)
+        return specs, ()
+    tables = declared if declared is not None else {}
+    if not isinstance(tables, dict):
+        raise InvalidModel(f"model {name!r}: {TOML_FILE} inputs must be tables")
     try:
-        return resolve_axes(name, specs, keys, tables)
+        return resolve_axes(name, _graph_tensors(name, "input", model), _axis_keys(model), tables)
     except AxisError as error:
-        if isinstance(declared, list):
-            raise InvalidModel(f"{error} (or give its length in the [[inputs]] shape)") from None
         raise InvalidModel(str(error)) from None
+
+
+def _check_given_lengths(name: str, specs: Iterable[TensorSpec]) -> None:
+    """``[[inputs]]`` give whole shapes: a dynamic axis besides the batch needs its length."""
+    for spec in specs:
+        if -1 in spec.shape[1:]:
+            axis = spec.shape.index(-1, 1)
+            raise InvalidModel(
+                f"model {name!r}: [[inputs]] {spec.name!r} {list(spec.shape)} has a dynamic "
+                f"axis {axis} besides the batch; give its length in the shape"
+            )
 
 
 def _axis_keys(model: onnx.ModelProto) -> dict[str, dict[int, str]]:

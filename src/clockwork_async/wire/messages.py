@@ -168,8 +168,8 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Infer:
-    """Run a loaded model on a batch; run in the execute lane. Every input's leading axis is
-    ``batch_size``."""
+    """Run a loaded model on a batch; run in the execute lane. Every input whose axis 0 is
+    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole."""
 
     TAG: ClassVar[str] = "infer"
     action_id: int
