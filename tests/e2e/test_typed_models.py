@@ -10,6 +10,7 @@ registration.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -168,3 +169,24 @@ def test_undeclared_and_several_length_axes_are_refused_at_registration(client: 
     several = "[inputs.ids.axes]\ntokens = { min = 1, max = 64, buckets = [16, 32, 64] }"
     with pytest.raises(ApiError, match=r"not built yet \(issue 31"):
         client.add_model("seq-buckets", sequence_model(), several)
+
+
+@pytest.mark.shared_data
+def test_a_real_fp16_model_is_served_like_a_direct_run(client: Client) -> None:
+    path = (
+        Path(__file__).resolve().parents[3] / "shared" / "data" / "models" / "squeezenet-fp16.onnx"
+    )
+    if not path.is_file():
+        pytest.skip(f"{path} is not here")
+    data = path.read_bytes()
+    status = client.add_model("squeezenet-fp16", data)
+    try:
+        assert [(s.dtype, s.shape) for s in status.inputs] == [("float16", (1, 3, 224, 224))]
+        inputs = {"data_0": random_values(np.random.default_rng(5), (1, 3, 224, 224), "float16")}
+        result = client.infer("squeezenet-fp16", inputs, slo_ms=SLO_MS)
+        assert result.status == Outcome.OK, result.message
+        (expected,) = direct_run(data, inputs).values()
+        assert result.outputs["softmaxout_1"].dtype == np.float16
+        np.testing.assert_array_equal(result.outputs["softmaxout_1"], expected)
+    finally:
+        client.remove_model("squeezenet-fp16")
