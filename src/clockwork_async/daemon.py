@@ -46,7 +46,6 @@ from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
-from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
@@ -55,6 +54,7 @@ from clockwork_async.runtime.executor_link import LinkError
 from clockwork_async.runtime.supervisor import Supervisor, SupervisorError
 from clockwork_async.service_impl import DaemonService
 from clockwork_async.systemd import Notifier
+from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.daemon")
 
