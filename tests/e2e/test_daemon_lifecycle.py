@@ -153,8 +153,11 @@ def test_systemd_status_follows_model_adds_and_removes(
         assert daemon.stop() == 0, daemon.log()
 
 
-def test_a_second_signal_stops_at_once_and_leaves_no_executor(tmp_path: Path) -> None:
-    daemon = start_slow_daemon(tmp_path, drain_timeout_s=60.0, env=clean_environ(tmp_path))
+def test_a_second_signal_stops_at_once_and_leaves_no_executor(
+    tmp_path: Path, notifications: Notifications
+) -> None:
+    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": notifications.path})
+    daemon = start_slow_daemon(tmp_path, drain_timeout_s=60.0, env=env)
     executors = children(daemon.pid)
     assert executors
     try:
@@ -162,7 +165,7 @@ def test_a_second_signal_stops_at_once_and_leaves_no_executor(tmp_path: Path) ->
             pending = [client.submit("tiny", row(i), slo_ms=SLO_MS) for i in range(1000)]
             client.ping()
             daemon.signal(signal.SIGTERM)
-            time.sleep(0.2)  # the drain has begun (it would take seconds)
+            notifications.until_prefix(b"STOPPING=1")  # the drain has begun (it takes seconds)
             stopped_s = time.monotonic()
             daemon.signal(signal.SIGINT)
             assert daemon.wait() == 1
