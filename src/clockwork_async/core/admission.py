@@ -68,6 +68,7 @@ def _refuse(
             note_demand(core, model)
     reject(core, request_id, outcome, message)
     if outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
+        model.refused_at_ns = core.now_ns
         _relax(core, model)
         if core.config.warm_up_infers:
             internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
