@@ -117,6 +117,7 @@ def _learn_execute(
     spec, kind, batch_size = action.model.spec, executor.kind, action.batch_size
     if not cold:
         if not action.warm_up:
+            executor.exec_lane.note_overrun(measured_ns - action.predicted_ns)
             core.predictions.record_execute(spec, kind, batch_size, measured_ns, core.now_ns)
         return
     lane = executor.exec_lane
