@@ -211,6 +211,7 @@ class Action:
         "pages",
         "planned_end_ns",
         "predicted_ns",
+        "probe",
         "requests",
         "warm_up",
     )
@@ -236,6 +237,7 @@ class Action:
         self.batch_size = 0
         self.pages = 0
         self.warm_up = False  # an INFER of no request, to warm its lane (warm_up.py)
+        self.probe = False  # an INFER of no request, to measure a stale prediction (ditto)
 
     def start_infer(self) -> StartInfer:
         """The command that sends this INFER (committed to its lane: ``planned_end_ns`` set)."""
