@@ -28,6 +28,8 @@ def sim_daemon(folder: Path, **settings: str) -> Daemon:
     overrides = {
         "server.listen": "127.0.0.1:0",
         "metrics.listen": "127.0.0.1:0",
+        "http.listen": "127.0.0.1:0",
+        "grpc.listen": "127.0.0.1:0",
         "repository.path": str(folder / "models"),
         "repository.profile_cache_dir": str(folder / "profiles"),
         "executors": '[{backend = "simulated", page_bytes = 1048576, weights_bytes = 16777216}]',
@@ -56,7 +58,7 @@ async def test_a_stop_while_starting_stops_cleanly_and_restores_signal_handlers(
     assert not children(os.getpid())  # even one spawned as the stop came was stopped
 
 
-@pytest.mark.parametrize("key", ["server.listen", "metrics.listen"])
+@pytest.mark.parametrize("key", ["server.listen", "metrics.listen", "http.listen"])
 async def test_a_busy_port_fails_the_start_before_any_executor_is_spawned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str
 ) -> None:

@@ -1,0 +1,344 @@
+"""What the Open Inference Protocol front ends (HTTP in `api.v2_http`, gRPC in `api.v2_grpc`)
+share: the door every request passes, the status vocabulary, SLO parameters, metadata.
+
+The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): the same
+``accepting_requests`` (so a drain answers ``shutting_down`` on every front end), the same
+``outstanding`` count and ``max_outstanding_total`` cap (so the server's drain waits for HTTP
+and gRPC requests too), the same routes (name -> served version) and tokens. A request is
+screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
+and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
+request is.
+
+Invariants: every infer the door accepts is counted in the host's ``outstanding`` from submit
+until its one outcome; a caller that goes away (its task cancelled) cancels its request once;
+every refusal is a `V2Error` whose ``code`` is an outcome or `ApiCode` value (or one of the
+front ends' own codes below), mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and
+`GRPC_CODE`; the earliest of the SLOs a request gives wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from clockwork_async.api.auth import Scope, TokenAuth
+from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests
+from clockwork_async.api.session import MAX_SLO_MS, slo_ms_to_ns
+from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.messages import ApiCode, ModelStatus, TensorSpec
+
+log = logging.getLogger("clockwork_async.api.v2")
+
+NS_PER_US = 1_000
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ("binary_tensor_data", "parameters")
+READY_STATES = frozenset({"ready", "loaded"})
+RETRY_AFTER_S = 1  # what an ``overloaded`` answer asks a client to wait
+
+# The front ends' own codes, beside the outcomes and ApiCode values.
+BAD_REQUEST = ApiCode.BAD_REQUEST.value  # a body or message that breaks the protocol
+NOT_FOUND = "not_found"  # no such endpoint
+METHOD_NOT_ALLOWED = "method_not_allowed"
+UNAUTHORIZED = "unauthorized"  # a missing or wrong bearer token
+TOO_LARGE = "too_large"  # a body over the front end's limit
+REQUEST_TIMEOUT = "request_timeout"  # a request not fully read in time
+NOT_READY = "not_ready"  # health and model readiness
+
+# code -> HTTP status (docs/protocol-v2.md, "Status codes").
+HTTP_STATUS: Mapping[str, int] = {
+    Outcome.OK: 200,
+    Outcome.LATE: 200,  # outputs, with the outcome in the response's parameters
+    Outcome.BAD_INPUT: 400,
+    BAD_REQUEST: 400,
+    UNAUTHORIZED: 401,
+    ApiCode.FORBIDDEN: 403,
+    Outcome.UNKNOWN_MODEL: 404,
+    NOT_FOUND: 404,
+    METHOD_NOT_ALLOWED: 405,
+    REQUEST_TIMEOUT: 408,
+    TOO_LARGE: 413,
+    Outcome.OVERLOADED: 429,
+    Outcome.CANCELLED: 499,
+    ApiCode.INTERNAL: 500,
+    Outcome.SHUTTING_DOWN: 503,
+    Outcome.FAILED: 503,
+    ApiCode.UNAVAILABLE: 503,
+    NOT_READY: 503,
+    Outcome.INFEASIBLE: 504,
+    Outcome.DROPPED: 504,
+}
+# code -> the name of a `grpc.StatusCode` member (this module does not import grpc).
+GRPC_CODE: Mapping[str, str] = {
+    Outcome.OK: "OK",
+    Outcome.LATE: "OK",
+    Outcome.BAD_INPUT: "INVALID_ARGUMENT",
+    BAD_REQUEST: "INVALID_ARGUMENT",
+    UNAUTHORIZED: "UNAUTHENTICATED",
+    ApiCode.FORBIDDEN: "PERMISSION_DENIED",
+    Outcome.UNKNOWN_MODEL: "NOT_FOUND",
+    NOT_FOUND: "UNIMPLEMENTED",
+    METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
+    REQUEST_TIMEOUT: "DEADLINE_EXCEEDED",
+    TOO_LARGE: "RESOURCE_EXHAUSTED",
+    Outcome.OVERLOADED: "RESOURCE_EXHAUSTED",
+    Outcome.CANCELLED: "CANCELLED",
+    ApiCode.INTERNAL: "INTERNAL",
+    Outcome.SHUTTING_DOWN: "UNAVAILABLE",
+    Outcome.FAILED: "UNAVAILABLE",
+    ApiCode.UNAVAILABLE: "UNAVAILABLE",
+    NOT_READY: "UNAVAILABLE",
+    Outcome.INFEASIBLE: "DEADLINE_EXCEEDED",
+    Outcome.DROPPED: "DEADLINE_EXCEEDED",
+}
+
+
+class V2Error(Exception):
+    """A refusal: ``code`` (a key of `HTTP_STATUS`) and a sentence; the message a client sees
+    is ``"code: sentence"``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = str(code)
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS.get(self.code, 500)
+
+    @property
+    def text(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class _Limits(Protocol):
+    @property
+    def max_outstanding_total(self) -> int: ...
+
+
+class DoorHost(Protocol):
+    """What the door needs of the client API server (`api.server.ApiServer` is one)."""
+
+    @property
+    def service(self) -> Admin: ...
+
+    @property
+    def requests(self) -> Requests: ...
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    @property
+    def auth(self) -> TokenAuth: ...
+
+    @property
+    def accepting_requests(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]: ...
+
+    def request_started(self) -> None: ...
+
+    def request_ended(self) -> None: ...
+
+    def count_answer(self, protocol: str, status: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An infer's one outcome, and the version of the model it was routed to."""
+
+    outcome: InferOutcome
+    version: int
+
+
+@dataclass(slots=True)
+class _Ticket:
+    service_id: int | None = None
+    done: bool = False
+
+
+class Door:
+    """The Open Inference Protocol's way into the daemon, for one front end (``protocol``:
+    ``http`` or ``grpc``, the metrics' label)."""
+
+    def __init__(self, host: DoorHost, protocol: str, *, server_version: str) -> None:
+        self.host = host
+        self.protocol = protocol
+        self.server_version = server_version
+
+    # --- who may ----------------------------------------------------------------------------
+
+    def authorize(self, authorization: str | None) -> None:
+        """Check an ``Authorization: Bearer TOKEN`` value for the ``infer`` scope. Raises
+        V2Error (``unauthorized``)."""
+        if not self.host.auth.enabled:
+            return
+        token = ""
+        if authorization is not None:
+            scheme, _, value = authorization.strip().partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else ""
+        scopes = self.host.auth.scopes(token)
+        if scopes is None or Scope.INFER not in scopes:
+            raise V2Error(UNAUTHORIZED, "a bearer token with the infer scope is required")
+
+    # --- infer --------------------------------------------------------------------------------
+
+    def route(self, model: str, version: str | None) -> tuple[str, int]:
+        """Where requests for ``model`` (at ``version``, if given) go: the served name and its
+        version. Raises V2Error (``unknown_model``) for a version not served."""
+        route = self.host.routes.get(model)
+        if version is None or version == "":
+            return (route.target, route.version) if route is not None else (model, 0)
+        if route is None or version != str(route.version):
+            serving = f"; version {route.version} is" if route is not None else ""
+            raise V2Error(
+                Outcome.UNKNOWN_MODEL, f"model {model!r} version {version} is not served{serving}"
+            )
+        return route.target, route.version
+
+    async def infer(
+        self,
+        model: str,
+        version: str | None,
+        slo_ns: int | None,
+        nbytes: int,
+        build: Callable[[], Mapping[str, np.ndarray]],
+    ) -> Answer:
+        """Take one request: the caps, the dispatcher's screen (from the header alone), then
+        ``build()`` its tensors and submit them; returns its outcome. Raises V2Error for a
+        refusal before the request path (shutting down, over the cap, a bad version or
+        tensors); cancelling the awaiting task cancels the request."""
+        host = self.host
+        if not host.accepting_requests:
+            raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
+        if host.outstanding >= host.limits.max_outstanding_total:
+            limit = host.limits.max_outstanding_total
+            raise V2Error(Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)")
+        target, served_version = self.route(model, version)
+        reason = host.requests.screen(target, slo_ns, None, nbytes)
+        inputs: Mapping[str, np.ndarray] = {}
+        if reason is None:
+            try:
+                inputs = build()
+            except TensorError as error:
+                raise V2Error(Outcome.BAD_INPUT, str(error)) from None
+        future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
+        ticket = _Ticket()
+        host.request_started()
+
+        def on_reply(outcome: InferOutcome) -> None:
+            if ticket.done:
+                return
+            ticket.done = True
+            host.request_ended()
+            if not future.done():
+                future.set_result(outcome)
+
+        if reason is not None:
+            host.requests.refuse(target, reason, nbytes, on_reply)
+        else:
+            service_id = host.requests.submit(
+                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply
+            )
+            ticket.service_id = None if ticket.done else service_id
+        try:
+            return Answer(await future, served_version)
+        except asyncio.CancelledError:
+            if ticket.service_id is not None and not ticket.done:
+                host.requests.cancel(ticket.service_id)
+            raise
+
+    def count(self, status: str) -> None:
+        """One infer answered with ``status`` (an outcome or a front end's code)."""
+        self.host.count_answer(self.protocol, status)
+
+    # --- health and metadata -----------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.host.accepting_requests and self.host.service.health().ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "clockwork-async", "version": self.server_version, "extensions": EXTENSIONS}
+
+    def model_status(self, model: str, version: str | None) -> ModelStatus:
+        """The served model ``model`` (at ``version``, if given). Raises V2Error."""
+        self.route(model, version)
+        for status in self.host.service.list_models():
+            if status.name == model:
+                return status
+        raise V2Error(Outcome.UNKNOWN_MODEL, f"unknown model {model!r}")
+
+    def model_ready(self, model: str, version: str | None) -> bool:
+        try:
+            status = self.model_status(model, version)
+        except V2Error:
+            return False
+        return self.host.accepting_requests and status.state in READY_STATES
+
+    def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
+        """The protocol's model metadata object. Raises V2Error."""
+        status = self.model_status(model, version)
+        return {
+            "name": status.name,
+            "versions": [str(status.version or 1)],
+            "platform": PLATFORM,
+            "inputs": [tensor_metadata(spec) for spec in status.inputs],
+            "outputs": [tensor_metadata(spec) for spec in status.outputs],
+        }
+
+
+def tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "datatype": DATATYPE_OF_DTYPE.get(spec.dtype, spec.dtype.upper()),
+        "shape": list(spec.shape),
+    }
+
+
+def slo_ns_of(parameters: Mapping[str, Any], deadline_left_s: float | None = None) -> int | None:
+    """A request's SLO from its parameters (Triton's ``timeout`` in microseconds, ``slo_ms``)
+    and a transport deadline (gRPC's time remaining), the earliest of those given; None when
+    none is (the model's default SLO). Checks ``priority`` (accepted, not used: the deadline
+    orders requests). Raises V2Error (``bad_input``)."""
+    candidates = []
+    timeout_us = parameters.get("timeout")
+    if timeout_us is not None:
+        if not _is_int(timeout_us) or timeout_us <= 0:
+            raise V2Error(
+                Outcome.BAD_INPUT, f"timeout must be microseconds > 0, not {timeout_us!r}"
+            )
+        candidates.append(_slo_ns(timeout_us / 1000.0, "timeout"))
+    slo_ms = parameters.get("slo_ms")
+    if slo_ms is not None:
+        if not isinstance(slo_ms, int | float) or isinstance(slo_ms, bool):
+            raise V2Error(Outcome.BAD_INPUT, f"slo_ms must be a number, not {slo_ms!r}")
+        candidates.append(_slo_ns(float(slo_ms), "slo_ms"))
+    if deadline_left_s is not None:
+        if deadline_left_s <= 0:
+            raise V2Error(Outcome.INFEASIBLE, "the request's deadline has passed")
+        candidates.append(_slo_ns(deadline_left_s * 1000.0, "the deadline"))
+    priority = parameters.get("priority")
+    if priority is not None and (not _is_int(priority) or priority < 0):
+        raise V2Error(Outcome.BAD_INPUT, f"priority must be an integer >= 0, not {priority!r}")
+    return min(candidates) if candidates else None
+
+
+def _slo_ns(slo_ms: float, what: str) -> int:
+    try:
+        return slo_ms_to_ns(min(slo_ms, MAX_SLO_MS) if math.isfinite(slo_ms) else slo_ms)
+    except ValueError as error:
+        raise V2Error(Outcome.BAD_INPUT, f"{what}: {error}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

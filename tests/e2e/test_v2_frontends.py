@@ -1,0 +1,237 @@
+"""The Open Inference Protocol on the real daemon, driven by clients no one here wrote:
+``tritonclient`` (HTTP) and ``curl``. One daemon (an ONNX Runtime executor, the demo models
+``tiny`` and ``mlp``) serves the module; its outputs must equal the msgpack client's. A slowed
+simulated daemon shows that SIGTERM answers HTTP requests in flight before it closes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton_http
+from tritonclient.utils import InferenceServerException
+
+from clockwork_async.client import Client
+from clockwork_async.demo_models import build_mlp, build_tiny
+
+from .harness import DaemonProcess, add_tiny, metric_value, ort_executor, sim_executor, write_config
+
+SLO_MS = 5_000.0
+MODELS = {"tiny": build_tiny, "mlp": build_mlp}
+INPUT_WIDTH = {"tiny": 16, "mlp": 784}
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    folder = tmp_path_factory.mktemp("v2")
+    for name, build in MODELS.items():
+        (folder / "models" / name).mkdir(parents=True)
+        (folder / "models" / name / "model.onnx").write_bytes(build(0).SerializeToString())
+    config = write_config(folder, ort_executor())
+    limits = "[http]\nmax_body_bytes = 1048576\nrequest_timeout_s = 1.0\n"
+    config.write_text(config.read_text().replace("[http]\n", limits, 1))
+    process = DaemonProcess.start(folder, config)
+    try:
+        yield process
+    finally:
+        assert process.stop() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+def msgpack(daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(daemon.api, timeout_s=60.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def http(daemon: DaemonProcess) -> Iterator[triton_http.InferenceServerClient]:
+    client = triton_http.InferenceServerClient(daemon.http, network_timeout=30.0)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def rows(model: str, count: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(11)
+    return [rng.standard_normal((1, INPUT_WIDTH[model])).astype(np.float32) for _ in range(count)]
+
+
+def test_health_and_metadata(http: triton_http.InferenceServerClient) -> None:
+    assert http.is_server_live() and http.is_server_ready()
+    assert http.get_server_metadata()["name"] == "clockwork-async"
+    assert http.is_model_ready("tiny") and http.is_model_ready("tiny", "1")
+    assert not http.is_model_ready("tiny", "2") and not http.is_model_ready("nope")
+    meta = http.get_model_metadata("mlp")
+    assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"
+    assert [tensor["datatype"] for tensor in meta["inputs"]] == ["FP32"]
+    assert meta["inputs"][0]["shape"] == [-1, INPUT_WIDTH["mlp"]]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_outputs_equal_the_msgpack_clients(
+    http: triton_http.InferenceServerClient, msgpack: Client, model: str, binary: bool
+) -> None:
+    meta = http.get_model_metadata(model)
+    input_name, output_name = meta["inputs"][0]["name"], meta["outputs"][0]["name"]
+    for row in rows(model, 3):
+        tensor = triton_http.InferInput(input_name, list(row.shape), "FP32")
+        tensor.set_data_from_numpy(row, binary_data=binary)
+        wanted = triton_http.InferRequestedOutput(output_name, binary_data=binary)
+        result = http.infer(
+            model, [tensor], outputs=[wanted], request_id="r-1", parameters={"slo_ms": SLO_MS}
+        )
+        assert result.get_response()["id"] == "r-1"
+        expected = msgpack.infer(model, {input_name: row}, slo_ms=SLO_MS)
+        assert expected.ok, expected.message
+        # Both ran at batch 1 on the same executor: the same kernels, the same bits.
+        np.testing.assert_array_equal(result.as_numpy(output_name), expected.outputs[output_name])
+
+
+def test_refusals_carry_the_protocols_status(http: triton_http.InferenceServerClient) -> None:
+    row = rows("tiny", 1)[0]
+    cases = [
+        ("nope", "FP32", row, {}, "404", "unknown_model"),
+        ("tiny", "FP64", row.astype(np.float64), {}, "400", "bad_input"),
+        ("tiny", "FP32", np.ones((1, 3), np.float32), {}, "400", "bad_input"),
+        ("tiny", "FP32", row, {"timeout": 1}, "504", "infeasible"),  # Triton's, in µs
+    ]
+    for model, datatype, data, parameters, status, code in cases:
+        tensor = triton_http.InferInput("x", list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        with pytest.raises(InferenceServerException) as raised:
+            http.infer(model, [tensor], timeout=parameters.get("timeout"))
+        assert raised.value.status() == status and code in raised.value.message(), raised.value
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
+def test_curl_speaks_to_it(daemon: DaemonProcess, msgpack: Client) -> None:
+    base = f"http://{daemon.http}/v2"
+    assert curl(f"{base}/health/ready")[0] == 200
+    row = rows("tiny", 1)[0]
+    body = {
+        "id": "c",
+        "inputs": [{"name": "x", "shape": [1, 16], "datatype": "FP32", "data": row.tolist()}],
+    }
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    status, headers, text = curl(
+        f"{base}/models/tiny/infer", "-d", json.dumps(body), "-H", f"traceparent: {trace}"
+    )
+    assert status == 200 and headers["traceparent"] == trace, text
+    (output,) = json.loads(text)["outputs"]
+    expected = msgpack.infer("tiny", {"x": row}, slo_ms=SLO_MS).outputs[output["name"]]
+    np.testing.assert_array_equal(
+        np.array(output["data"], np.float32).reshape(output["shape"]), expected
+    )
+    status, _, text = curl(f"{base}/models/tiny/infer", "-d", "{not json")
+    assert status == 400 and json.loads(text)["error"].startswith("bad_request: ")
+
+
+def test_hostile_clients_are_answered_in_bounded_time_and_others_served(
+    daemon: DaemonProcess, http: triton_http.InferenceServerClient
+) -> None:
+    big = curl(
+        f"http://{daemon.http}/v2/models/tiny/infer", "--data-binary", "@-", stdin=bytes(2 << 20)
+    )
+    assert big[0] == 413
+    host, port = daemon.http.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as idle:
+        idle.sendall(
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n\r\n{"
+        )
+        answer = idle.recv(4096)  # request_timeout_s = 1: a 408, then the close
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert http.is_server_ready()
+
+
+def test_the_metrics_count_answers_by_front_end(daemon: DaemonProcess) -> None:
+    _, text = daemon.http_get("/metrics")
+    assert (
+        metric_value(text, "clockwork_api_requests_total", {"protocol": "http", "status": "ok"})
+        or 0
+    ) >= 12
+    assert (
+        metric_value(text, "clockwork_api_requests_total", {"protocol": "msgpack", "status": "ok"})
+        or 0
+    ) >= 12
+    assert (
+        metric_value(
+            text, "clockwork_api_requests_total", {"protocol": "http", "status": "unknown_model"}
+        )
+        or 0
+    ) >= 1
+
+
+def test_sigterm_answers_http_requests_in_flight_then_closes(tmp_path: Path) -> None:
+    add_tiny(tmp_path / "models")
+    config = write_config(tmp_path, sim_executor(slowdown=50.0), drain_timeout_s=5.0)
+    daemon = DaemonProcess.start(tmp_path, config)
+    body = json.dumps(
+        {
+            "inputs": [
+                {"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+            ],
+            "parameters": {"slo_ms": 10_000},
+        }
+    ).encode()
+    url = f"http://{daemon.http}/v2/models/tiny/infer"
+    try:
+        with ThreadPoolExecutor(64) as pool:
+            pending = [pool.submit(post, url, body) for _ in range(64)]
+            in_flight = 0.0
+            give_up_s = time.monotonic() + 20.0
+            while in_flight < 16 and time.monotonic() < give_up_s:
+                in_flight = (
+                    metric_value(daemon.http_get("/metrics")[1], "clockwork_outstanding_requests")
+                    or 0
+                )
+            daemon.signal(signal.SIGTERM)  # batches of 16 take 100 ms: many are still running
+            statuses = [request.result(30) for request in pending]
+        assert daemon.wait() == 0, daemon.log()
+    finally:
+        daemon.stop()
+    assert set(statuses) <= {200, 503, 0}, statuses  # 0: refused, the port closed
+    assert statuses.count(200) >= in_flight >= 16, (in_flight, statuses)
+
+
+def post(url: str, body: bytes) -> int:
+    """POST ``body``; the status, or 0 when the connection was refused or closed."""
+    request = urllib.request.Request(url, body, {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+    except (urllib.error.URLError, ConnectionError):
+        return 0
+
+
+def curl(url: str, *args: str, stdin: bytes | None = None) -> tuple[int, dict[str, str], str]:
+    done = subprocess.run(
+        ["curl", "-s", "-i", "--max-time", "20", *args, url],
+        input=stdin,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    head, _, body = (
+        done.stdout.decode(errors="replace")
+        .replace("HTTP/1.1 100 Continue\r\n\r\n", "")
+        .partition("\r\n\r\n")
+    )
+    lines = head.split("\r\n")
+    pairs = [line.split(": ", 1) for line in lines[1:] if ": " in line]
+    headers = {name.lower(): value for name, value in pairs}
+    return int(lines[0].split()[1]), headers, body
