@@ -343,11 +343,14 @@ class Daemon:
         )
         self.api = api
         try:
-            context = None
+            context, tls = None, None
             if server.tls_cert_path is not None and server.tls_key_path is not None:
-                context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
+                tls = (server.tls_cert_path, server.tls_key_path)
+                context = server_ssl_context(*tls)
             await api.bind(str(server.listen), ssl=context)
-            self.front_ends = FrontEnds(api, self.config.http, self.config.grpc, ssl=context)
+            self.front_ends = FrontEnds(
+                api, self.config.http, self.config.grpc, ssl=context, tls_paths=tls
+            )
             await self.front_ends.bind()
         except OSError as error:  # the server is CLOSED then: closing it returns at once
             raise StartError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_module
+from pathlib import Path
 from typing import Protocol
 
 from clockwork_async import build
@@ -43,7 +44,7 @@ class FrontEnds:
         grpc: GrpcConfig,
         *,
         ssl: ssl_module.SSLContext | None = None,
-        tls_paths: tuple[str, str] | None = None,
+        tls_paths: tuple[Path, Path] | None = None,
     ) -> None:
         self._http_config = http
         self._grpc_config = grpc
@@ -53,9 +54,13 @@ class FrontEnds:
         if http.enabled:
             from clockwork_async.api.v2_http import HttpFrontEnd
 
-            self._ends["http"] = HttpFrontEnd(
-                Door(api, "http", server_version=version), http, ssl=ssl
-            )
+            door = Door(api, "http", server_version=version)
+            self._ends["http"] = HttpFrontEnd(door, http, ssl=ssl)
+        if grpc.enabled:
+            from clockwork_async.api.v2_grpc import GrpcFrontEnd
+
+            door = Door(api, "grpc", server_version=version)
+            self._ends["grpc"] = GrpcFrontEnd(door, grpc, tls_paths=tls_paths)
 
     async def bind(self) -> None:
         """Take every enabled front end's address. Raises FrontEndError naming the key."""
@@ -78,4 +83,4 @@ class FrontEnds:
 
     def describe(self) -> str:
         """`` http=HOST:PORT grpc=HOST:PORT`` (``off`` for one switched off)."""
-        return "".join(f" {name}={self.addresses.get(name, 'off')}" for name in ("http",))
+        return "".join(f" {name}={self.addresses.get(name, 'off')}" for name in ("http", "grpc"))

@@ -58,7 +58,7 @@ async def test_a_stop_while_starting_stops_cleanly_and_restores_signal_handlers(
     assert not children(os.getpid())  # even one spawned as the stop came was stopped
 
 
-@pytest.mark.parametrize("key", ["server.listen", "metrics.listen", "http.listen"])
+@pytest.mark.parametrize("key", ["server.listen", "metrics.listen"])
 async def test_a_busy_port_fails_the_start_before_any_executor_is_spawned(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str
 ) -> None:

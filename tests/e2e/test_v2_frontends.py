@@ -5,6 +5,7 @@ simulated daemon shows that SIGTERM answers HTTP requests in flight before it cl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import signal
@@ -19,13 +20,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from clockwork_async.client import Client
+from clockwork_async.daemon import DaemonState
 from clockwork_async.demo_models import build_mlp, build_tiny
 
 from .harness import DaemonProcess, add_tiny, metric_value, ort_executor, sim_executor, write_config
+from .test_daemon_inprocess import sim_daemon
 
 SLO_MS = 5_000.0
 MODELS = {"tiny": build_tiny, "mlp": build_mlp}
@@ -40,7 +44,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
         (folder / "models" / name / "model.onnx").write_bytes(build(0).SerializeToString())
     config = write_config(folder, ort_executor())
     limits = "[http]\nmax_body_bytes = 1048576\nrequest_timeout_s = 1.0\n"
-    config.write_text(config.read_text().replace("[http]\n", limits, 1))
+    text = config.read_text().replace("[http]\n", limits, 1)
+    config.write_text(text.replace("[grpc]\n", "[grpc]\nmax_message_bytes = 1048576\n", 1))
     process = DaemonProcess.start(folder, config)
     try:
         yield process
@@ -51,6 +56,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 @pytest.fixture(scope="module")
 def msgpack(daemon: DaemonProcess) -> Iterator[Client]:
     with Client(daemon.api, timeout_s=60.0) as client:
+        for model, width in INPUT_WIDTH.items():  # loaded once before the comparisons
+            client.infer(model, {"x": np.zeros((1, width), np.float32)}, slo_ms=SLO_MS)
         yield client
 
 
@@ -68,7 +75,7 @@ def rows(model: str, count: int) -> list[np.ndarray]:
     return [rng.standard_normal((1, INPUT_WIDTH[model])).astype(np.float32) for _ in range(count)]
 
 
-def test_health_and_metadata(http: triton_http.InferenceServerClient) -> None:
+def test_health_and_metadata(http: triton_http.InferenceServerClient, msgpack: Client) -> None:
     assert http.is_server_live() and http.is_server_ready()
     assert http.get_server_metadata()["name"] == "clockwork-async"
     assert http.is_model_ready("tiny") and http.is_model_ready("tiny", "1")
@@ -156,6 +163,63 @@ def test_hostile_clients_are_answered_in_bounded_time_and_others_served(
     assert http.is_server_ready()
 
 
+@pytest.fixture(scope="module")
+def grpc(daemon: DaemonProcess) -> Iterator[triton_grpc.InferenceServerClient]:
+    client = triton_grpc.InferenceServerClient(daemon.grpc)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def test_grpc_health_and_metadata(grpc: triton_grpc.InferenceServerClient) -> None:
+    assert grpc.is_server_live() and grpc.is_server_ready()
+    assert grpc.get_server_metadata().name == "clockwork-async"
+    assert grpc.is_model_ready("tiny") and not grpc.is_model_ready("tiny", "2")
+    meta = grpc.get_model_metadata("mlp", as_json=True)
+    assert meta["versions"] == ["1"] and meta["inputs"][0]["datatype"] == "FP32"
+    assert [int(dim) for dim in meta["inputs"][0]["shape"]] == [-1, INPUT_WIDTH["mlp"]]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_grpc_outputs_equal_the_msgpack_clients(
+    grpc: triton_grpc.InferenceServerClient, msgpack: Client, model: str
+) -> None:
+    meta = grpc.get_model_metadata(model, as_json=True)
+    input_name, output_name = meta["inputs"][0]["name"], meta["outputs"][0]["name"]
+    for row in rows(model, 3):
+        tensor = triton_grpc.InferInput(input_name, list(row.shape), "FP32")
+        tensor.set_data_from_numpy(row)
+        result = grpc.infer(model, [tensor], request_id="g-1", client_timeout=30.0)
+        assert result.get_response().id == "g-1"
+        expected = msgpack.infer(model, {input_name: row}, slo_ms=SLO_MS)
+        np.testing.assert_array_equal(result.as_numpy(output_name), expected.outputs[output_name])
+
+
+def test_grpc_refusals_carry_their_codes(grpc: triton_grpc.InferenceServerClient) -> None:
+    row = rows("tiny", 1)[0]
+    cases = [
+        ("nope", "FP32", row, {}, "StatusCode.NOT_FOUND", "unknown_model"),
+        ("tiny", "FP64", row.astype(np.float64), {}, "StatusCode.INVALID_ARGUMENT", "bad_input"),
+        ("tiny", "FP32", row, {"timeout": 1}, "StatusCode.DEADLINE_EXCEEDED", "infeasible"),
+        (
+            "tiny",
+            "FP32",
+            np.ones((1, 300_000), np.float32),
+            {},
+            "StatusCode.RESOURCE_EXHAUSTED",
+            "",
+        ),
+    ]
+    for model, datatype, data, parameters, status, code in cases:
+        tensor = triton_grpc.InferInput("x", list(data.shape), datatype)
+        tensor.set_data_from_numpy(data)
+        with pytest.raises(InferenceServerException) as raised:
+            grpc.infer(model, [tensor], timeout=parameters.get("timeout"))
+        assert raised.value.status() == status and code in raised.value.message(), raised.value
+    assert grpc.is_server_ready()  # and it serves on
+
+
 def test_the_metrics_count_answers_by_front_end(daemon: DaemonProcess) -> None:
     _, text = daemon.http_get("/metrics")
     assert (
@@ -174,7 +238,7 @@ def test_the_metrics_count_answers_by_front_end(daemon: DaemonProcess) -> None:
     ) >= 1
 
 
-def test_sigterm_answers_http_requests_in_flight_then_closes(tmp_path: Path) -> None:
+def test_sigterm_answers_http_and_grpc_requests_in_flight_then_closes(tmp_path: Path) -> None:
     add_tiny(tmp_path / "models")
     config = write_config(tmp_path, sim_executor(slowdown=50.0), drain_timeout_s=5.0)
     daemon = DaemonProcess.start(tmp_path, config)
@@ -189,7 +253,8 @@ def test_sigterm_answers_http_requests_in_flight_then_closes(tmp_path: Path) -> 
     url = f"http://{daemon.http}/v2/models/tiny/infer"
     try:
         with ThreadPoolExecutor(64) as pool:
-            pending = [pool.submit(post, url, body) for _ in range(64)]
+            pending = [pool.submit(post, url, body) for _ in range(48)]
+            pending += [pool.submit(grpc_infer, daemon.grpc) for _ in range(16)]
             in_flight = 0.0
             give_up_s = time.monotonic() + 20.0
             while in_flight < 16 and time.monotonic() < give_up_s:
@@ -202,8 +267,24 @@ def test_sigterm_answers_http_requests_in_flight_then_closes(tmp_path: Path) -> 
         assert daemon.wait() == 0, daemon.log()
     finally:
         daemon.stop()
-    assert set(statuses) <= {200, 503, 0}, statuses  # 0: refused, the port closed
+    # 0: refused, the port closed; gRPC's codes as HTTP's (OK 200, UNAVAILABLE 503)
+    assert set(statuses) <= {200, 503, 0}, statuses
+    assert statuses[48:].count(200) >= 1, statuses
     assert statuses.count(200) >= in_flight >= 16, (in_flight, statuses)
+
+
+def grpc_infer(address: str) -> int:
+    """One gRPC infer on its own channel: 200 when answered, 503 UNAVAILABLE, else 0."""
+    client = triton_grpc.InferenceServerClient(address)
+    tensor = triton_grpc.InferInput("input", [1, 4], "FP32")
+    tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+    try:
+        client.infer("tiny", [tensor], client_timeout=30.0, parameters={"slo_ms": 10_000})
+        return 200
+    except InferenceServerException as error:
+        return 503 if error.status() == "StatusCode.UNAVAILABLE" else 0
+    finally:
+        client.close()
 
 
 def post(url: str, body: bytes) -> int:
@@ -235,3 +316,29 @@ def curl(url: str, *args: str, stdin: bytes | None = None) -> tuple[int, dict[st
     pairs = [line.split(": ", 1) for line in lines[1:] if ": " in line]
     headers = {name.lower(): value for name, value in pairs}
     return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("key", ["http.listen", "grpc.listen"])
+async def test_a_taken_port_fails_the_start_naming_its_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str
+) -> None:
+    add_tiny(tmp_path / "models")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        daemon = sim_daemon(tmp_path, **{key: address})
+        assert await daemon.run() == 1
+    assert daemon.supervisor is None  # before any executor was spawned
+    assert f"{key} = {address}: the" in caplog.text and "cannot listen there" in caplog.text
+
+
+async def test_front_ends_can_be_switched_off(tmp_path: Path) -> None:
+    add_tiny(tmp_path / "models")
+    daemon = sim_daemon(tmp_path, **{"http.enabled": "false", "grpc.enabled": "false"})
+    run = asyncio.ensure_future(daemon.run())
+    while daemon.state is DaemonState.STARTING and not run.done():
+        await asyncio.sleep(0.05)
+    assert daemon.front_ends is not None and daemon.front_ends.describe() == " http=off grpc=off"
+    daemon.request_stop()
+    assert await run == 0
