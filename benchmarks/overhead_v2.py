@@ -228,13 +228,17 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"\nin flight when concurrent: {result['in_flight']}; goal: daemon CPU <= 1.5x msgpack")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.overhead_v2", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="a smoke run (under a minute)")
     parser.add_argument("--in-flight", type=int, default=8, help="concurrent requests")
     parser.add_argument("--json", type=Path, help="default: results/overhead_v2.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     plan = QUICK if args.quick else FULL
     json_path = RESULTS / "overhead_v2.json" if args.json is None else args.json
     machine = machine_description()
