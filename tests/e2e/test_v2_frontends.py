@@ -154,6 +154,8 @@ def test_curl_speaks_to_it(daemon: DaemonProcess, msgpack: Client) -> None:
     )
     status, _, text = curl(f"{base}/models/tiny/infer", "-d", "{not json")
     assert status == 400 and json.loads(text)["error"].startswith("bad_request: ")
+    answered = [line for line in daemon.log().splitlines() if "infer 'tiny' answered ok" in line]
+    assert any("[request c]" in line and f"traceparent={trace}" in line for line in answered)
 
 
 def test_hostile_clients_are_answered_in_bounded_time_and_others_served(
