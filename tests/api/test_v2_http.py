@@ -22,6 +22,7 @@ from clockwork_async.api.v2_config import HttpConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_http import HttpFrontEnd
 from clockwork_async.connection import TcpAddress
+from clockwork_async.core.outcomes import Outcome
 
 from .conftest import eventually
 from .fakes import FakeService
@@ -150,8 +151,9 @@ def request(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def infer_body(values: list[float], **rest: object) -> bytes:
-    tensor = {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": values}
+def infer_body(values: list[float] | list[list[float]], **rest: object) -> bytes:
+    shape = [len(values), 4] if isinstance(values[0], list) else [1, 4]
+    tensor = {"name": "x", "shape": shape, "datatype": "FP32", "data": values}
     return json.dumps({"inputs": [tensor], **rest}).encode()
 
 
@@ -423,3 +425,28 @@ async def test_a_drain_answers_requests_in_flight_and_refuses_new_ones(front: Fr
     reply = await held.read()
     assert reply.status == 200 and reply.headers["connection"] == "close"
     await closing
+
+
+async def test_a_client_batch_is_submitted_as_rows_and_answered_stacked(front: Front) -> None:
+    conn = await connect(front)
+    rows = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    tensor = {"name": "x", "shape": [3, 4], "datatype": "FP32", "data": rows}
+    body = json.dumps({"inputs": [tensor], "parameters": {"slo_ms": 30}}).encode()
+    reply = await conn.ask(request("POST", "/v2/models/echo/infer", body))
+    (output,) = reply.json()["outputs"]  # type: ignore[index]
+    assert output["shape"] == [3, 4]
+    assert output["data"] == [2.0 * value for row in rows for value in row]
+    assert [s.inputs["x"].tolist() for s in front.service.submitted] == [[row] for row in rows]
+    assert {s.slo_ns for s in front.service.submitted} == {30_000_000}
+    assert front.answers == [("http", "ok")] and front.api.outstanding == 0
+
+
+async def test_one_refused_row_refuses_the_batch(front: Front) -> None:
+    conn = await connect(front)
+    conn.writer.write(request("POST", "/v2/models/hold/infer", infer_body([[1] * 4, [2] * 4])))
+    await eventually(lambda: len(front.service.held) == 2)
+    first, second = front.service.held
+    front.service.release(first)
+    front.service.release(second, Outcome.DROPPED)
+    reply = await conn.read()
+    assert reply.status == 504 and reply.json()["error"].startswith("dropped")  # type: ignore[index]

@@ -117,6 +117,21 @@ def test_outputs_equal_the_msgpack_clients(
         np.testing.assert_array_equal(result.as_numpy(output_name), expected.outputs[output_name])
 
 
+def test_a_client_batch_equals_its_rows_one_by_one(
+    http: triton_http.InferenceServerClient, msgpack: Client
+) -> None:
+    batch = np.concatenate(rows("mlp", 4))
+    tensor = triton_http.InferInput("x", list(batch.shape), "FP32")
+    tensor.set_data_from_numpy(batch, binary_data=True)
+    result = http.infer("mlp", [tensor], parameters={"slo_ms": SLO_MS}).as_numpy("logits")
+    assert result.shape == (4, 10)
+    for row, got in zip(batch, result, strict=True):
+        expected = msgpack.infer("mlp", {"x": row[None]}, slo_ms=SLO_MS).outputs["logits"][0]
+        # Rows may run in batches of other sizes: float32 rounding at the output's scale.
+        scale = float(np.abs(expected).max())
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * scale)
+
+
 def test_refusals_carry_the_protocols_status(http: triton_http.InferenceServerClient) -> None:
     row = rows("tiny", 1)[0]
     cases = [

@@ -7,9 +7,10 @@ The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): th
 and gRPC requests too), the same routes (name -> served version) and tokens. A request is
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
-request is.
+request is; a client batch of N rows is submitted as N requests and answered as one
+(`api.v2_rows`).
 
-Invariants: every infer the door accepts is counted in the host's ``outstanding`` from submit
+Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a caller that goes away (its task cancelled) cancels its request once;
 every refusal is a `V2Error` whose ``code`` is an outcome or `ApiCode` value (or one of the
 front ends' own codes below), mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and
@@ -30,6 +31,7 @@ import numpy as np
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests
 from clockwork_async.api.session import MAX_SLO_MS, slo_ms_to_ns
+from clockwork_async.api.v2_rows import join_outcomes, split_rows
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.wire.messages import ApiCode, ModelStatus, TensorSpec
@@ -41,6 +43,7 @@ PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 READY_STATES = frozenset({"ready", "loaded"})
 RETRY_AFTER_S = 1  # what an ``overloaded`` answer asks a client to wait
+MAX_ROWS = 1024  # rows of one client batch, each a request of its own
 
 # The front ends' own codes, beside the outcomes and ApiCode values.
 BAD_REQUEST = ApiCode.BAD_REQUEST.value  # a body or message that breaks the protocol
@@ -232,8 +235,41 @@ class Door:
                 inputs = build()
             except TensorError as error:
                 raise V2Error(Outcome.BAD_INPUT, str(error)) from None
+        rows = self._rows(inputs)
+        tickets = [_Ticket() for _ in rows]
+        futures = [
+            self._start(target, row, slo_ns, reason, nbytes, t)
+            for row, t in zip(rows, tickets, strict=True)
+        ]
+        try:
+            return Answer(join_outcomes(await asyncio.gather(*futures)), served_version)
+        except asyncio.CancelledError:
+            for ticket in tickets:
+                if ticket.service_id is not None and not ticket.done:
+                    host.requests.cancel(ticket.service_id)
+            raise
+
+    def _rows(self, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
+        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight."""
+        room = self.host.limits.max_outstanding_total - self.host.outstanding
+        rows = split_rows(inputs, max(1, min(room, MAX_ROWS)))
+        if rows is None:
+            why = f"a batch over {MAX_ROWS} rows, or more than the server has room for now"
+            raise V2Error(Outcome.OVERLOADED, why)
+        return rows
+
+    def _start(
+        self,
+        target: str,
+        inputs: Mapping[str, np.ndarray],
+        slo_ns: int | None,
+        reason: str | None,
+        nbytes: int,
+        ticket: _Ticket,
+    ) -> asyncio.Future[InferOutcome]:
+        """Submit one row (or refuse it with the screen's ``reason``); its outcome's future."""
+        host = self.host
         future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
-        ticket = _Ticket()
         host.request_started()
 
         def on_reply(outcome: InferOutcome) -> None:
@@ -251,12 +287,7 @@ class Door:
                 target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply
             )
             ticket.service_id = None if ticket.done else service_id
-        try:
-            return Answer(await future, served_version)
-        except asyncio.CancelledError:
-            if ticket.service_id is not None and not ticket.done:
-                host.requests.cancel(ticket.service_id)
-            raise
+        return future
 
     def count(self, status: str) -> None:
         """One infer answered with ``status`` (an outcome or a front end's code)."""
