@@ -11,6 +11,7 @@ drain; `close` stops them listening at once and gives their requests in flight t
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl as ssl_module
 from pathlib import Path
 from typing import Protocol
@@ -20,6 +21,8 @@ from clockwork_async.api.server import ApiServer
 from clockwork_async.api.v2_config import GrpcConfig, HttpConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.connection import TcpAddress
+
+log = logging.getLogger("clockwork_async.daemon")
 
 
 class FrontEndError(RuntimeError):
@@ -49,6 +52,7 @@ class FrontEnds:
         self._http_config = http
         self._grpc_config = grpc
         self._ends: dict[str, _FrontEnd] = {}
+        self._auth_enabled = api.auth.enabled
         self.addresses: dict[str, str] = {}  # "http"/"grpc" -> HOST:PORT, once bound
         version = build.version()
         if http.enabled:
@@ -66,6 +70,10 @@ class FrontEnds:
         """Take every enabled front end's address. Raises FrontEndError naming the key."""
         listens = {"http": self._http_config.listen, "grpc": self._grpc_config.listen}
         for name, end in self._ends.items():
+            if not listens[name].is_loopback and not self._auth_enabled:
+                log.warning(
+                    "config: %s.listen %s is not loopback and has no tokens", name, listens[name]
+                )
             try:
                 self.addresses[name] = await end.bind(listens[name])
             except OSError as error:

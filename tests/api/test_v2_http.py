@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -450,3 +451,34 @@ async def test_one_refused_row_refuses_the_batch(front: Front) -> None:
     front.service.release(second, Outcome.DROPPED)
     reply = await conn.read()
     assert reply.status == 504 and reply.json()["error"].startswith("dropped")  # type: ignore[index]
+
+
+async def test_random_bytes_get_an_error_or_a_close_and_the_front_end_serves_on(
+    front: Front,
+) -> None:
+    """Fuzzed requests (seeded): garbage, truncated heads, bit-flipped infers. Each connection
+    ends in bounded time with an answer or a close; nothing reaches the service malformed."""
+    rng = random.Random(32)
+    valid = request("POST", "/v2/models/echo/infer", infer_body([1, 2, 3, 4]))
+    for case in range(60):
+        if case % 3 == 0:
+            data = rng.randbytes(rng.randrange(1, 400))
+        elif case % 3 == 1:
+            data = valid[: rng.randrange(1, len(valid))]
+        else:
+            flipped = bytearray(valid)
+            for _ in range(rng.randrange(1, 6)):
+                flipped[rng.randrange(len(flipped))] ^= 1 << rng.randrange(8)
+            data = bytes(flipped)
+        conn = await connect(front)
+        conn.writer.write(data)
+        conn.writer.write_eof()
+        async with asyncio.timeout(5.0):
+            rest = await conn.reader.read()  # whatever it answered, then the close
+        assert rest == b"" or rest.startswith(b"HTTP/1.1 "), (case, rest[:80])
+        conn.writer.close()
+    for submitted in front.service.submitted:
+        assert submitted.inputs["x"].shape == (1, 4)
+    fresh = await connect(front)
+    assert (await fresh.ask(request("GET", "/v2/health/ready"))).status == 200
+    await eventually(lambda: front.api.outstanding == 0)
