@@ -20,7 +20,7 @@ from clockwork_async import build
 from clockwork_async.api.server import ApiServer
 from clockwork_async.api.v2_config import GrpcConfig, HttpConfig
 from clockwork_async.api.v2_door import Door
-from clockwork_async.connection import TcpAddress
+from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.daemon")
 

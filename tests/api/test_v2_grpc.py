@@ -20,7 +20,7 @@ from clockwork_async.api.server import ApiServer
 from clockwork_async.api.v2_config import GrpcConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_grpc import GrpcFrontEnd
-from clockwork_async.connection import TcpAddress
+from clockwork_async.wire.addresses import TcpAddress
 
 from .conftest import eventually
 from .fakes import FakeService

@@ -22,8 +22,9 @@ from clockwork_async.api.server import ApiServer
 from clockwork_async.api.v2_config import HttpConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_http import HttpFrontEnd
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.addresses import TcpAddress
+from clockwork_async.wire.messages import ModelStatus, TensorSpec
 
 from .conftest import eventually
 from .fakes import FakeService
@@ -482,3 +483,12 @@ async def test_random_bytes_get_an_error_or_a_close_and_the_front_end_serves_on(
     fresh = await connect(front)
     assert (await fresh.ask(request("GET", "/v2/health/ready"))).status == 200
     await eventually(lambda: front.api.outstanding == 0)
+
+
+async def test_a_model_without_a_batch_axis_gets_its_tensor_whole(front: Front) -> None:
+    fixed = (TensorSpec("x", "float32", (3, 4)),)
+    front.service.models["fixed"] = ModelStatus("fixed", "fixed", "ready", inputs=fixed)
+    conn = await connect(front)
+    await conn.ask(request("POST", "/v2/models/fixed/infer", infer_body([[1] * 4] * 3)))
+    (submitted,) = front.service.submitted
+    assert submitted.inputs["x"].shape == (3, 4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clockwork_async.config_keys import ranged
-from clockwork_async.connection import TcpAddress
+from clockwork_async.wire.addresses import TcpAddress
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -31,7 +31,7 @@ import numpy as np
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests
 from clockwork_async.api.session import MAX_SLO_MS, slo_ms_to_ns
-from clockwork_async.api.v2_rows import join_outcomes, split_rows
+from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.wire.messages import ApiCode, ModelStatus, TensorSpec
@@ -235,7 +235,7 @@ class Door:
                 inputs = build()
             except TensorError as error:
                 raise V2Error(Outcome.BAD_INPUT, str(error)) from None
-        rows = self._rows(inputs)
+        rows = self._rows(model, inputs)
         tickets = [_Ticket() for _ in rows]
         futures = [
             self._start(target, row, slo_ns, reason, nbytes, t)
@@ -249,14 +249,24 @@ class Door:
                     host.requests.cancel(ticket.service_id)
             raise
 
-    def _rows(self, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
-        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight."""
+    def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
+        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight. Only
+        then is the model's status read (its inputs' batch axes): a request of one row costs
+        no lookup."""
+        rows = leading_rows(inputs)
+        if rows == 1 or not has_batch_axis(self._inputs_of(model)):
+            return [inputs]
         room = self.host.limits.max_outstanding_total - self.host.outstanding
-        rows = split_rows(inputs, max(1, min(room, MAX_ROWS)))
-        if rows is None:
+        if rows > min(room, MAX_ROWS):
             why = f"a batch over {MAX_ROWS} rows, or more than the server has room for now"
             raise V2Error(Outcome.OVERLOADED, why)
-        return rows
+        return split_rows(inputs, rows)
+
+    def _inputs_of(self, model: str) -> tuple[TensorSpec, ...]:
+        for status in self.host.service.list_models():
+            if status.name == model:
+                return status.inputs
+        return ()
 
     def _start(
         self,

@@ -46,8 +46,8 @@ from clockwork_async.api.v2_tensors import (
     check_shape,
     datatype_of,
 )
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.api.v2")
 

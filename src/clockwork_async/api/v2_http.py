@@ -38,8 +38,8 @@ from clockwork_async.api.v2_routes import (
     error_response,
     route,
 )
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.api.v2")
 
