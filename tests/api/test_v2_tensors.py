@@ -209,3 +209,12 @@ def test_values_the_datatype_cannot_hold_are_refused_not_wrapped() -> None:
         spec = {"name": "x", "shape": [1], "datatype": datatype, "data": [value]}
         with pytest.raises(TensorError, match=f"not {datatype}"):
             build_inputs(parse_request(body(spec)))
+
+
+def test_every_wire_dtype_has_a_datatype_and_back() -> None:
+    from clockwork_async.api.v2_tensors import datatype_of, dtype_of
+    from clockwork_async.wire.dtypes import WIRE_DTYPES
+
+    assert sorted(DATATYPES.values()) == sorted(WIRE_DTYPES)
+    for name in DATATYPES:
+        assert datatype_of(dtype_of(name)) == name

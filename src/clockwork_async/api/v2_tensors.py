@@ -25,8 +25,10 @@ from typing import Any
 
 import numpy as np
 
-# The protocol's datatypes the daemon carries, and the wire dtype each one is. BYTES (strings)
-# and BF16 have no wire dtype (docs/protocol-v2.md, "Datatypes").
+from clockwork_async.wire.dtypes import WIRE_DTYPES, WIRE_NAMES
+
+# The protocol's datatypes the daemon carries, and the wire dtype each one is: every one of
+# `wire.dtypes` has one. BYTES (strings) and BF16 have no wire dtype (docs/protocol-v2.md).
 DATATYPES: Mapping[str, str] = {
     "BOOL": "bool",
     "UINT8": "uint8",
@@ -42,13 +44,9 @@ DATATYPES: Mapping[str, str] = {
     "FP64": "float64",
 }
 DATATYPE_OF_DTYPE: Mapping[str, str] = {dtype: name for name, dtype in DATATYPES.items()}
-# Looked up per tensor: numpy's dtype constructor and ``dtype.name`` cost microseconds each.
-_DTYPES: Mapping[str, np.dtype[Any]] = {
-    name: np.dtype(dtype).newbyteorder("<") for name, dtype in DATATYPES.items()
-}
-_DATATYPE_OF_NUMPY: Mapping[np.dtype[Any], str] = {
-    np.dtype(dtype): name for name, dtype in DATATYPES.items()
-}
+# The wire's own table (`wire.dtypes`), by the protocol's names: looked up per tensor, where
+# numpy's dtype constructor and ``dtype.name`` would cost microseconds each.
+_DTYPES: Mapping[str, np.dtype[Any]] = {name: WIRE_DTYPES[wire] for name, wire in DATATYPES.items()}
 MAX_NDIM = 16  # as the wire protocol's max_ndim
 MAX_TENSORS = 256  # as the wire protocol's max_tensors
 
@@ -96,7 +94,7 @@ def dtype_of(datatype: str) -> np.dtype[Any]:
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
     """The protocol datatype of a numpy dtype. Raises TensorError."""
-    name = _DATATYPE_OF_NUMPY.get(dtype)
+    name = DATATYPE_OF_DTYPE.get(WIRE_NAMES.get(dtype, ""))
     if name is None:
         raise TensorError(f"dtype {dtype} has no Open Inference Protocol datatype")
     return name
