@@ -492,3 +492,24 @@ async def test_a_model_without_a_batch_axis_gets_its_tensor_whole(front: Front) 
     await conn.ask(request("POST", "/v2/models/fixed/infer", infer_body([[1] * 4] * 3)))
     (submitted,) = front.service.submitted
     assert submitted.inputs["x"].shape == (3, 4)
+
+
+async def test_too_many_headers_or_connections_are_refused(service: FakeService) -> None:
+    api = ApiServer(service)
+    await api.start("127.0.0.1:0")
+    config = HttpConfig(listen=TcpAddress("127.0.0.1", 0), max_connections=2)
+    http = HttpFrontEnd(Door(api, "http", server_version="test"), config)
+    await http.bind(config.listen)
+    await http.serve()
+    front = Front(api, http, service)
+    try:
+        first, second = await connect(front), await connect(front)
+        assert (await second.ask(request("GET", "/v2/health/live"))).status == 200
+        third = await connect(front)
+        assert await third.closed()  # over max_connections: closed at once
+        flood = {f"x_{i}": "y" for i in range(101)}
+        reply = await first.ask(request("GET", "/v2/health/live", **flood))
+        assert reply.status == 400 and "more than 100 headers" in reply.json()["error"]  # type: ignore[index]
+        assert (await second.ask(request("GET", "/v2/health/live"))).status == 200
+    finally:
+        await front.close()
