@@ -513,3 +513,13 @@ async def test_too_many_headers_or_connections_are_refused(service: FakeService)
         assert (await second.ask(request("GET", "/v2/health/live"))).status == 200
     finally:
         await front.close()
+
+
+async def test_the_repository_index_lists_the_served_models(front: Front) -> None:
+    conn = await connect(front)
+    index = (await conn.ask(request("POST", "/v2/repository/index", b'{"ready": true}'))).json()
+    assert {(m["name"], m["state"]) for m in index} == {  # type: ignore[index, union-attr]
+        (name, "READY") for name in front.service.models
+    }
+    unload = await conn.ask(request("POST", "/v2/repository/models/echo/unload"))
+    assert unload.status == 404 and "only the index" in unload.json()["error"]  # type: ignore[index]

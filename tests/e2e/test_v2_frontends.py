@@ -90,6 +90,8 @@ def test_health_and_metadata(http: triton_http.InferenceServerClient, msgpack: C
     assert http.get_server_metadata()["name"] == "clockwork-async"
     assert http.is_model_ready("tiny") and http.is_model_ready("tiny", "1")
     assert not http.is_model_ready("tiny", "2") and not http.is_model_ready("nope")
+    index = {(m["name"], m["version"], m["state"]) for m in http.get_model_repository_index()}
+    assert index == {("tiny", "1", "READY"), ("mlp", "1", "READY")}
     meta = http.get_model_metadata("mlp")
     assert meta["versions"] == ["1"] and meta["platform"] == "onnxruntime_onnx"
     assert [tensor["datatype"] for tensor in meta["inputs"]] == ["FP32"]
@@ -203,6 +205,11 @@ def test_grpc_health_and_metadata(grpc: triton_grpc.InferenceServerClient) -> No
     assert grpc.is_server_live() and grpc.is_server_ready()
     assert grpc.get_server_metadata().name == "clockwork-async"
     assert grpc.is_model_ready("tiny") and not grpc.is_model_ready("tiny", "2")
+    index = grpc.get_model_repository_index(as_json=True)["models"]
+    assert {(m["name"], m["version"], m["state"]) for m in index} == {
+        ("tiny", "1", "READY"),
+        ("mlp", "1", "READY"),
+    }
     meta = grpc.get_model_metadata("mlp", as_json=True)
     assert meta["versions"] == ["1"] and meta["inputs"][0]["datatype"] == "FP32"
     assert [int(dim) for dim in meta["inputs"][0]["shape"]] == [-1, INPUT_WIDTH["mlp"]]

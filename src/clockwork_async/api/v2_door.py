@@ -326,6 +326,17 @@ class Door:
             return False
         return self.host.accepting_requests and status.state in READY_STATES
 
+    def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        """The repository extension's index: every served model, its version and state
+        (``READY`` or the daemon's word for it, upper-cased)."""
+        index = []
+        for status in self.host.service.list_models():
+            state = "READY" if status.state in READY_STATES else status.state.upper()
+            if state == "READY" or not ready_only:
+                entry = {"name": status.name, "version": str(status.version or 1)}
+                index.append({**entry, "state": state, "reason": ""})
+        return index
+
     def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
         """The protocol's model metadata object. Raises V2Error."""
         status = self.model_status(model, version)

@@ -3,10 +3,10 @@ served by grpcio's asyncio server on the daemon's own event loop.
 
 The messages and the service's stubs are the ones generated from the published proto and
 shipped by tritonclient (``tritonclient.grpc.service_pb2``, ``service_pb2_grpc``), not written
-here. Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata and ModelInfer
-(tensors as ``raw_input_contents`` or typed ``contents``; outputs always as
-``raw_output_contents``, as Triton answers); every other method answers UNIMPLEMENTED (the
-base servicer's).
+here. Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
+RepositoryIndex and ModelInfer (tensors as ``raw_input_contents`` or typed ``contents``;
+outputs always as ``raw_output_contents``, as Triton answers); every other method answers
+UNIMPLEMENTED (the base servicer's).
 
 Invariants: an infer passes the shared door (`api.v2_door.Door`) like an HTTP one; the client's
 gRPC deadline is one of its SLOs (the earliest wins); a refusal aborts the call with the code
@@ -157,6 +157,13 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
                 pb.ModelMetadataResponse.TensorMetadata(**tensor_metadata(s))
                 for s in status.outputs
             ],
+        )
+
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._authorize(context)
+        index = self._door.repository_index(request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
         )
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:

@@ -99,6 +99,8 @@ def _dispatch(door: Door, request: HttpRequest, parts: list[str]) -> HttpRespons
             return json_response(200, door.server_metadata())
         ok = rest[1] == "live" or door.ready()
         return json_response(200 if ok else 503, {"live": True} if rest[1] == "live" else {})
+    if rest[:1] == ["repository"]:
+        return _repository(door, request, rest[1:])
     if len(rest) < 2 or rest[0] != "models":
         raise V2Error(NOT_FOUND, f"no such endpoint: /v2/{'/'.join(rest)}")
     model, version, action = _model_path(rest[1:])
@@ -113,6 +115,21 @@ def _dispatch(door: Door, request: HttpRequest, parts: list[str]) -> HttpRespons
         raise V2Error(NOT_READY, f"model {model!r} is not ready")
     _method(request, "POST")
     return infer(door, request, model, version)
+
+
+def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpResponse:
+    """The model repository extension: its index; load and unload are not offered (models
+    change through the msgpack API's add_model/remove_model, docs/protocol-v2.md)."""
+    door.authorize(request.headers.get("authorization"))
+    _method(request, "POST")
+    if rest != ["index"]:
+        raise V2Error(NOT_FOUND, "of the repository extension only the index is served")
+    try:
+        options = json.loads(bytes(request.body) or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise V2Error(BAD_REQUEST, "the index request is not valid JSON") from None
+    ready_only = isinstance(options, dict) and options.get("ready") is True
+    return json_response(200, door.repository_index(ready_only))
 
 
 def _model_path(rest: list[str]) -> tuple[str, str | None, str]:
