@@ -147,7 +147,8 @@ def test_refusals_carry_the_protocols_status(http: triton_http.InferenceServerCl
         tensor.set_data_from_numpy(data)
         with pytest.raises(InferenceServerException) as raised:
             http.infer(model, [tensor], timeout=parameters.get("timeout"))
-        assert raised.value.status() == status and code in raised.value.message(), raised.value
+        got = (raised.value.status(), raised.value.message().split(":")[0])
+        assert got in {(status, code), *loop_behind(parameters, "429")}, raised.value
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="no curl")
@@ -230,6 +231,12 @@ def test_grpc_outputs_equal_the_msgpack_clients(
         np.testing.assert_array_equal(result.as_numpy(output_name), expected.outputs[output_name])
 
 
+def loop_behind(parameters: dict[str, int], status: str) -> set[tuple[str, str]]:
+    """A deadline of 1 µs may also meet the door's own refusal first, when the daemon's loop
+    is busy (this machine is shared): ``overloaded``, from the header."""
+    return {(status, "overloaded")} if "timeout" in parameters else set()
+
+
 def test_grpc_refusals_carry_their_codes(grpc: triton_grpc.InferenceServerClient) -> None:
     row = rows("tiny", 1)[0]
     cases = [
@@ -250,7 +257,8 @@ def test_grpc_refusals_carry_their_codes(grpc: triton_grpc.InferenceServerClient
         tensor.set_data_from_numpy(data)
         with pytest.raises(InferenceServerException) as raised:
             grpc.infer(model, [tensor], timeout=parameters.get("timeout"))
-        assert raised.value.status() == status and code in raised.value.message(), raised.value
+        got = (raised.value.status(), code and raised.value.message().split(":")[0])
+        assert got in {(status, code), *loop_behind(parameters, "StatusCode.RESOURCE_EXHAUSTED")}
     assert grpc.is_server_ready()  # and it serves on
 
 

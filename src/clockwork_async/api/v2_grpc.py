@@ -29,16 +29,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from clockwork_async.api.v2_config import GrpcConfig
-from clockwork_async.api.v2_door import (
-    BAD_REQUEST,
-    EXTENSIONS,
-    GRPC_CODE,
-    PLATFORM,
-    Door,
-    V2Error,
-    slo_ns_of,
-    tensor_metadata,
-)
+from clockwork_async.api.v2_door import EXTENSIONS, PLATFORM, Door, slo_ns_of, tensor_metadata
+from clockwork_async.api.v2_status import BAD_REQUEST, GRPC_CODE, V2Error
 from clockwork_async.api.v2_tensors import (
     TensorError,
     array_from_bytes,

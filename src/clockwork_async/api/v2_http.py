@@ -30,7 +30,7 @@ from typing import cast
 import httptools
 
 from clockwork_async.api.v2_config import HttpConfig
-from clockwork_async.api.v2_door import BAD_REQUEST, REQUEST_TIMEOUT, TOO_LARGE, Door, V2Error
+from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_routes import (
     HEADER_LENGTH,
     HttpRequest,
@@ -38,6 +38,7 @@ from clockwork_async.api.v2_routes import (
     error_response,
     route,
 )
+from clockwork_async.api.v2_status import BAD_REQUEST, REQUEST_TIMEOUT, TOO_LARGE, V2Error
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.wire.addresses import TcpAddress
 

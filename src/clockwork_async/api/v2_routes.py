@@ -20,15 +20,14 @@ from urllib.parse import unquote
 
 import httptools
 
-from clockwork_async.api.v2_door import (
+from clockwork_async.api.v2_door import Door, slo_ns_of
+from clockwork_async.api.v2_status import (
     BAD_REQUEST,
     METHOD_NOT_ALLOWED,
     NOT_FOUND,
     NOT_READY,
     RETRY_AFTER_S,
-    Door,
     V2Error,
-    slo_ns_of,
 )
 from clockwork_async.api.v2_tensors import (
     EncodedResponse,
