@@ -16,6 +16,11 @@ Invariants:
   answers NOT_LOADED; a LOAD short of pages while UNLOADs are pending waits for them (at most
   ``UNLOAD_WAIT_NS``). RegisterModel/UnregisterModel run in a private ``register`` lane so
   reading model files never delays a timed action.
+- An INFER whose model and batch size last ran within ``inline_max_ns``, on a host-memory
+  backend (device ``cpu`` or ``sim``), runs at once on the event loop thread when its lane is
+  idle and its window is open (`Lane.run_now`): the hand-off to the lane thread and the
+  wake-up that brings the result back cost more than the action. Its reply is sent from there
+  directly. Anything else, and any INFER that finds the lane busy, goes through the lane.
 - UNLOAD releases the backend's session (``backend.unload``) before its pages go back to the
   cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
   a session can still read it. The host never evicts on its own.
@@ -76,6 +81,13 @@ ExecutorAction = RegisterModel | UnregisterModel | Load | Infer | Unload | GetSt
 A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
 _S = ModelState
 
+# An INFER that last took at most this long runs on the event loop thread when its lane is
+# idle. The hand-off to a lane thread and the loop's wake-up for the result cost about this
+# much on a 2-vCPU VM (more when the CPU is shared), so running inline never blocks the loop
+# longer than the hop it saves; longer actions keep the loop free for pings and other lanes.
+INLINE_MAX_NS = 100_000
+INLINE_DEVICES = frozenset({"cpu", "sim"})  # backends whose calls need no per-thread context
+
 
 class ExecutorHost:
     """Owns the model registry and page cache; runs actions in lanes; answers each once."""
@@ -88,8 +100,12 @@ class ExecutorHost:
         clock: LaneClock | None = None,
         background_lanes: bool = False,
         keep_warm_ns: int = 0,
+        inline_max_ns: int = INLINE_MAX_NS,
     ) -> None:
         self.backend = backend
+        # 0: never inline; device memory may need the lane thread's context (CUDA streams).
+        self._inline_max_ns = inline_max_ns if backend.device in INLINE_DEVICES else 0
+        self._infer_ns: dict[tuple[str, int], int] = {}  # (model, batch) -> its last run, ns
         self._background_lanes = background_lanes  # lane threads yield to the event loop
         self._keep_warm_ns = keep_warm_ns  # the execute lane polls this long before it sleeps
         self._pages = page_cache
@@ -224,11 +240,26 @@ class ExecutorHost:
             validate_window(action.earliest_ns, action.latest_ns)
             validate_inputs(self._require_known(action.model), action.batch_size, action.inputs)
             window = (action.earliest_ns, action.latest_ns)
-            self._enqueue(ActionKind.INFER, window, action, reply, self._infer)
+            if not self._run_inline(action, reply):
+                self._enqueue(ActionKind.INFER, window, action, reply, self._infer)
         else:
             self._require_known(action.model)
             self._expect_unload(action.model)
             self._enqueue(ActionKind.UNLOAD, UNTIMED, action, reply, self._unload)
+
+    def _run_inline(self, action: Infer, reply: Reply) -> bool:
+        """Run a short INFER on this (the loop) thread if its lane is idle and its window
+        open; the reply is sent from here. False when it must go through the lane."""
+        last_ns = self._infer_ns.get((action.model, action.batch_size))
+        if last_ns is None or last_ns > self._inline_max_ns:
+            return False
+        job = LaneJob(
+            earliest_ns=action.earliest_ns,
+            latest_ns=action.latest_ns,
+            run=partial(self._run_job, self._infer, action, reply),
+            reject=_never_rejected,
+        )
+        return self._lanes[EXECUTE_LANE].run_now(job)
 
     def _expect_unload(self, name: str) -> None:
         """Note that the pages of ``name`` (if loaded) are about to be freed."""
@@ -257,7 +288,7 @@ class ExecutorHost:
         job = LaneJob(
             earliest_ns=earliest_ns,
             latest_ns=latest_ns,
-            run=partial(self._run_job, perform, action, reply),
+            run=partial(self._run_job, perform, action, partial(self._deliver, reply)),
             reject=partial(self._reject_job, action.action_id, latest_ns, reply),
         )
         try:
@@ -268,8 +299,10 @@ class ExecutorHost:
     # --- lane threads ----------------------------------------------------------------------
 
     def _run_job(
-        self, perform: Callable[[A, int], Message], action: A, reply: Reply, start_ns: int
+        self, perform: Callable[[A, int], Message], action: A, deliver: Reply, start_ns: int
     ) -> None:
+        """Perform ``action`` and hand its one answer to ``deliver`` (in a lane thread: a
+        post to the loop; run inline on the loop: the reply itself)."""
         try:
             answer = perform(action, start_ns)
         except Refused as refused:
@@ -280,7 +313,7 @@ class ExecutorHost:
             log.exception("action %d failed in the backend", action.action_id)
             message = f"the backend failed: {type(error).__name__}: {error}"
             answer = self._failure(action.action_id, ErrorCode.INTERNAL, message, start_ns)
-        self._deliver(reply, answer)
+        deliver(answer)
 
     def _reject_job(
         self, action_id: int, latest_ns: int, reply: Reply, why: Rejection, now_ns: int
@@ -365,6 +398,9 @@ class ExecutorHost:
             entry.move(None)
             del self._models[action.model]
         self.backend.unregister(entry.registered)
+        for key in list(self._infer_ns):  # list(): one step, while other lanes may add
+            if key[0] == action.model:
+                self._infer_ns.pop(key, None)
         return self._success(action.action_id, start_ns, {})
 
     def _load(self, action: Load, start_ns: int) -> Message:
@@ -425,7 +461,9 @@ class ExecutorHost:
         with self._lock:
             loaded = self._loaded(action.model)
         outputs, durations_ns = self.backend.infer(loaded, action.batch_size, action.inputs)
-        return self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
+        result = self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
+        self._infer_ns[(action.model, action.batch_size)] = result.end_ns - start_ns
+        return result
 
     def _unload(self, action: Unload, start_ns: int) -> Message:
         try:
@@ -477,6 +515,10 @@ def _model_info(action_id: int, model: RegisteredModel) -> ModelInfo:
         outputs=tuple(model.outputs),
         batch_sizes=tuple(model.batch_sizes),
     )
+
+
+def _never_rejected(_why: Rejection, _now_ns: int) -> None:
+    raise AssertionError("a job run_now takes is never rejected")  # it runs or is not taken
 
 
 def _call_now(callback: Callable[[], None]) -> None:
