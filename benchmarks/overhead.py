@@ -1,6 +1,7 @@
 """What the daemon adds: its round trip and throughput against a raw echo server, same client.
 
-    python -m benchmarks.overhead [--quick] [--pipeline N] [--no-flipped] [--json OUT]
+    python -m benchmarks.overhead [--quick] [--pipeline N] [--no-flipped] [--before PYTHON]
+                                  [--json OUT]
 
 Targets, all driven by the same `clockwork_async.client.AsyncClient` over loopback TCP from
 this process, in interleaved blocks (echo, daemon, daemon-no-poll, daemon-flipped, echo, ...)
@@ -16,6 +17,9 @@ so that a change in the machine's load hits every target alike:
   Its controller has CPU 0 to itself, so it busy-polls after work (``server.busy_poll_us``).
 - ``daemon-no-poll``: a second such daemon (its executor on the same CPU, idle while the other
   is measured) with ``server.busy_poll_us = 0``: what the polling buys.
+- ``daemon-before`` (with ``--before PYTHON``): the same daemon as ``daemon``, run by another
+  install's interpreter (an older commit in a worktree of its own with its own venv): a
+  before/after comparison in one run, the machine's load hitting both alike.
 - ``daemon-pinned`` or ``daemon-unpinned``: the same daemon process with its controller's
   affinity flipped for its blocks (every daemon thread pinned to the lowest CPU if the daemon
   runs unpinned, allowed every CPU if it pinned itself), and restored after each block. It
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -281,27 +286,36 @@ slowdown = {SLOWDOWN}
 """
 
 
-def start_daemon(folder: Path, *, busy_poll_us: float | None = None) -> DaemonProcess:
-    """The daemon as it configures itself, or with ``server.busy_poll_us`` set."""
+def start_daemon(
+    folder: Path, *, busy_poll_us: float | None = None, python: str = sys.executable
+) -> DaemonProcess:
+    """The daemon as it configures itself, or with ``server.busy_poll_us`` set, run by
+    ``python`` (another install's interpreter: the build to compare against)."""
     from clockwork_async.demo_models import build_tiny
 
+    folder.mkdir(exist_ok=True)
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString())
     executor_cpu = max(os.sched_getaffinity(0))
     config = daemon_config(folder, near_zero_executor(executor_cpu))
     extra = {} if busy_poll_us is None else {BUSY_POLL_VARIABLE: str(busy_poll_us)}
-    return DaemonProcess.start(folder, config, env=clean_environ(folder, extra))
+    return DaemonProcess.start(folder, config, env=clean_environ(folder, extra), python=python)
 
 
-async def run(plan: Plan, in_flight: int, flipped_variant: bool, folder: Path) -> dict[str, Any]:
+async def run(
+    plan: Plan, in_flight: int, flipped_variant: bool, folder: Path, before: str | None = None
+) -> dict[str, Any]:
     echo_process, echo_address = start_echo()
-    (folder / "no-poll").mkdir()
     try:
-        with (
-            start_daemon(folder) as daemon,
-            start_daemon(folder / "no-poll", busy_poll_us=0) as no_poll,
-        ):
+        with contextlib.ExitStack() as stack:
+            daemon = stack.enter_context(start_daemon(folder))
+            no_poll = stack.enter_context(start_daemon(folder / "no-poll", busy_poll_us=0))
+            others = {}
+            if before is not None:
+                others["daemon-before"] = stack.enter_context(
+                    start_daemon(folder / "before", python=before)
+                )
             result = await run_targets(
-                plan, in_flight, flipped_variant, echo_address, daemon, no_poll
+                plan, in_flight, flipped_variant, echo_address, daemon, no_poll, others
             )
             return {"daemon_controller_cpus": daemon.controller_cpus(), **result}
     finally:
@@ -332,11 +346,14 @@ async def run_targets(
     echo_address: str,
     daemon: DaemonProcess,
     no_poll: DaemonProcess,
+    others: dict[str, DaemonProcess],
 ) -> dict[str, Any]:
     echo = await AsyncClient.connect(echo_address)
     plain = await AsyncClient.connect(daemon.api)
     targets = [Target("echo", echo), Target("daemon", plain, is_daemon=True)]
     targets.append(Target("daemon-no-poll", await AsyncClient.connect(no_poll.api), is_daemon=True))
+    for name, other in others.items():
+        targets.append(Target(name, await AsyncClient.connect(other.api), is_daemon=True))
     if flipped_variant:
         targets.append(await flipped_target(daemon))
     try:
@@ -449,6 +466,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-flipped", action="store_true", help="skip the daemon-(un)pinned target"
     )
+    parser.add_argument(
+        "--before",
+        metavar="PYTHON",
+        help="also measure a daemon run by this interpreter (another install) as daemon-before",
+    )
     parser.add_argument("--json", type=Path, help="default: results/overhead.json")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     return parser
@@ -464,7 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = RESULTS / "overhead.json" if args.json is None else args.json
     with tempfile.TemporaryDirectory(prefix="clockwork-overhead-") as folder:
         try:
-            result = run_uvloop(run(plan, args.pipeline, not args.no_flipped, Path(folder)))
+            flipped = not args.no_flipped
+            result = run_uvloop(run(plan, args.pipeline, flipped, Path(folder), args.before))
         finally:
             keep_log(Path(folder) / "daemon.log", json_path.with_name("overhead-daemon.log"))
     result = {"quick": args.quick, "machine": machine, "plan": plan.__dict__, **result}

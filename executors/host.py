@@ -16,11 +16,8 @@ Invariants:
   answers NOT_LOADED; a LOAD short of pages while UNLOADs are pending waits for them (at most
   ``UNLOAD_WAIT_NS``). RegisterModel/UnregisterModel run in a private ``register`` lane so
   reading model files never delays a timed action.
-- An INFER whose model and batch size last ran within ``inline_max_ns``, on a host-memory
-  backend (device ``cpu`` or ``sim``), runs at once on the event loop thread when its lane is
-  idle and its window is open (`Lane.run_now`): the hand-off to the lane thread and the
-  wake-up that brings the result back cost more than the action. Its reply is sent from there
-  directly. Anything else, and any INFER that finds the lane busy, goes through the lane.
+- A short INFER (`inline.ShortInfers`) runs on the event loop thread, its reply sent from
+  there, when its lane is idle and its window open (`Lane.run_now`); any other goes to a lane.
 - UNLOAD releases the backend's session (``backend.unload``) before its pages go back to the
   cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
   a session can still read it. The host never evicts on its own.
@@ -59,7 +56,6 @@ from clockwork_async.wire.messages import (
     Infer,
     Load,
     Message,
-    ModelInfo,
     RegisterModel,
     State,
     Unload,
@@ -67,8 +63,9 @@ from clockwork_async.wire.messages import (
 )
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
+from .inline import INLINE_MAX_NS, ShortInfers
 from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
-from .model_entry import ModelEntry, ModelState
+from .model_entry import ModelEntry, ModelState, model_info
 from .pages import NoPages, PageCache
 from .validation import Refused, validate_inputs, validate_window
 
@@ -80,13 +77,6 @@ ExecutorAction = RegisterModel | UnregisterModel | Load | Infer | Unload | GetSt
 
 A = TypeVar("A", RegisterModel, UnregisterModel, Load, Infer, Unload)
 _S = ModelState
-
-# An INFER that last took at most this long runs on the event loop thread when its lane is
-# idle. The hand-off to a lane thread and the loop's wake-up for the result cost about this
-# much on a 2-vCPU VM (more when the CPU is shared), so running inline never blocks the loop
-# longer than the hop it saves; longer actions keep the loop free for pings and other lanes.
-INLINE_MAX_NS = 100_000
-INLINE_DEVICES = frozenset({"cpu", "sim"})  # backends whose calls need no per-thread context
 
 
 class ExecutorHost:
@@ -103,9 +93,7 @@ class ExecutorHost:
         inline_max_ns: int = INLINE_MAX_NS,
     ) -> None:
         self.backend = backend
-        # 0: never inline; device memory may need the lane thread's context (CUDA streams).
-        self._inline_max_ns = inline_max_ns if backend.device in INLINE_DEVICES else 0
-        self._infer_ns: dict[tuple[str, int], int] = {}  # (model, batch) -> its last run, ns
+        self._short = ShortInfers(backend.device, inline_max_ns)  # run on the loop thread
         self._background_lanes = background_lanes  # lane threads yield to the event loop
         self._keep_warm_ns = keep_warm_ns  # the execute lane polls this long before it sleeps
         self._pages = page_cache
@@ -248,18 +236,12 @@ class ExecutorHost:
             self._enqueue(ActionKind.UNLOAD, UNTIMED, action, reply, self._unload)
 
     def _run_inline(self, action: Infer, reply: Reply) -> bool:
-        """Run a short INFER on this (the loop) thread if its lane is idle and its window
-        open; the reply is sent from here. False when it must go through the lane."""
-        last_ns = self._infer_ns.get((action.model, action.batch_size))
-        if last_ns is None or last_ns > self._inline_max_ns:
+        """Run a short INFER here (the loop thread), replying from here, if its lane is idle
+        and its window open. False when it must go through the lane."""
+        if not self._short.short(action.model, action.batch_size):
             return False
-        job = LaneJob(
-            earliest_ns=action.earliest_ns,
-            latest_ns=action.latest_ns,
-            run=partial(self._run_job, self._infer, action, reply),
-            reject=_never_rejected,
-        )
-        return self._lanes[EXECUTE_LANE].run_now(job)
+        run = partial(self._run_job, self._infer, action, reply)
+        return self._lanes[EXECUTE_LANE].run_now(action.earliest_ns, action.latest_ns, run)
 
     def _expect_unload(self, name: str) -> None:
         """Note that the pages of ``name`` (if loaded) are about to be freed."""
@@ -301,8 +283,7 @@ class ExecutorHost:
     def _run_job(
         self, perform: Callable[[A, int], Message], action: A, deliver: Reply, start_ns: int
     ) -> None:
-        """Perform ``action`` and hand its one answer to ``deliver`` (in a lane thread: a
-        post to the loop; run inline on the loop: the reply itself)."""
+        """Perform ``action``; ``deliver`` its answer (a post to the loop, or inline the reply)."""
         try:
             answer = perform(action, start_ns)
         except Refused as refused:
@@ -385,7 +366,7 @@ class ExecutorHost:
         with self._lock:
             entry.registered = registered
             entry.move(_S.REGISTERED)
-        return _model_info(action.action_id, registered)
+        return model_info(action.action_id, registered)
 
     def _unregister(self, action: UnregisterModel, start_ns: int) -> Message:
         with self._lock:
@@ -398,9 +379,7 @@ class ExecutorHost:
             entry.move(None)
             del self._models[action.model]
         self.backend.unregister(entry.registered)
-        for key in list(self._infer_ns):  # list(): one step, while other lanes may add
-            if key[0] == action.model:
-                self._infer_ns.pop(key, None)
+        self._short.forget(action.model)
         return self._success(action.action_id, start_ns, {})
 
     def _load(self, action: Load, start_ns: int) -> Message:
@@ -462,7 +441,7 @@ class ExecutorHost:
             loaded = self._loaded(action.model)
         outputs, durations_ns = self.backend.infer(loaded, action.batch_size, action.inputs)
         result = self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
-        self._infer_ns[(action.model, action.batch_size)] = result.end_ns - start_ns
+        self._short.ran(action.model, action.batch_size, result.end_ns - start_ns)
         return result
 
     def _unload(self, action: Unload, start_ns: int) -> Message:
@@ -503,22 +482,6 @@ class ExecutorHost:
         if entry.state is not _S.LOADED or entry.loaded is None:
             raise Refused(ErrorCode.NOT_LOADED, f"model {name!r} is {entry.state}, not loaded")
         return entry.loaded
-
-
-def _model_info(action_id: int, model: RegisteredModel) -> ModelInfo:
-    return ModelInfo(
-        action_id=action_id,
-        model=model.name,
-        weights_bytes=model.weights_bytes,
-        pages_needed=sum(model.run_pages),
-        inputs=tuple(model.inputs),
-        outputs=tuple(model.outputs),
-        batch_sizes=tuple(model.batch_sizes),
-    )
-
-
-def _never_rejected(_why: Rejection, _now_ns: int) -> None:
-    raise AssertionError("a job run_now takes is never rejected")  # it runs or is not taken
 
 
 def _call_now(callback: Callable[[], None]) -> None:

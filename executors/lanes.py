@@ -155,19 +155,19 @@ class Lane:
             self._submitted += 1
             self._inbox.put(job)
 
-    def run_now(self, job: LaneJob) -> bool:
-        """Run ``job`` on the calling thread, at once, if the lane is idle and the job is due
-        (``earliest_ns <= now <= latest_ns``): no hand-off to the lane thread and no wake-up of
-        it. Returns False, having done nothing, otherwise (closing, busy, or not due now:
-        `submit` it). Holds the submit lock while the job runs, so nothing can be submitted
-        beside it; ``close`` waits for it as for a running job."""
+    def run_now(self, earliest_ns: int, latest_ns: int, run: Callable[[int], None]) -> bool:
+        """Call ``run(start_ns)`` on the calling thread, at once, if the lane is idle and the
+        window is open (``earliest_ns <= now <= latest_ns``): no hand-off to the lane thread
+        and no wake-up of it. Returns False, having done nothing, otherwise (closing, busy, or
+        not due now: `submit` it). Holds the submit lock while it runs, so nothing can be
+        submitted beside it; ``close`` waits for it as for a running job."""
         with self._submitting:
             if self._closing or self._submitted != self._answered:
                 return False
             now_ns = self._clock.now_ns()
-            if not job.earliest_ns <= now_ns <= job.latest_ns:
+            if not earliest_ns <= now_ns <= latest_ns:
                 return False
-            _guarded(job.run, now_ns)
+            _guarded(run, now_ns)
             return True
 
     def close(self) -> None:

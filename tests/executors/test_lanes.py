@@ -173,15 +173,14 @@ def test_run_now_runs_a_due_job_on_the_calling_thread_when_the_lane_is_idle() ->
     lane.start()
     ran: list[tuple[int, int]] = []
     try:
-        job = LaneJob(500, 2_000, lambda start: ran.append((start, threading.get_ident())), _noop)
-        assert lane.run_now(job)
+        assert lane.run_now(500, 2_000, lambda start: ran.append((start, threading.get_ident())))
         assert ran == [(1_000, threading.get_ident())]  # at once, here
         for earliest_ns, latest_ns in ((1_001, NEVER_NS), (0, 999)):  # not due, too late
-            assert not lane.run_now(LaneJob(earliest_ns, latest_ns, ran.append, _noop))
+            assert not lane.run_now(earliest_ns, latest_ns, lambda _s: ran.append((0, 0)))
         assert len(ran) == 1
     finally:
         lane.close()
-    assert not lane.run_now(LaneJob(0, NEVER_NS, ran.append, _noop))  # closed
+    assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append((0, 0)))  # closed
     assert len(ran) == 1
 
 
@@ -199,11 +198,11 @@ def test_run_now_declines_while_a_submitted_job_runs_or_waits() -> None:
     try:
         lane.submit(LaneJob(0, NEVER_NS, held, _noop))
         assert started.wait(5)
-        assert not lane.run_now(LaneJob(0, NEVER_NS, lambda _s: ran.append("inline"), _noop))
+        assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline"))
         release.set()
         far_ns = time.monotonic_ns() + 60 * 10**9
         lane.submit(LaneJob(far_ns, NEVER_NS, lambda _s: ran.append("far"), _noop))  # waits
-        assert not lane.run_now(LaneJob(0, NEVER_NS, lambda _s: ran.append("inline"), _noop))
+        assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline"))
     finally:
         lane.close()
     assert ran == ["held"]
@@ -213,7 +212,7 @@ def test_run_now_declines_while_a_submitted_job_runs_or_waits() -> None:
         lane.submit(LaneJob(0, NEVER_NS, lambda _s: finished.set(), _noop))
         assert finished.wait(5)
         deadline_s = time.monotonic() + 5  # the lane counts the job answered after its callback
-        while not lane.run_now(LaneJob(0, NEVER_NS, lambda _s: ran.append("inline"), _noop)):
+        while not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline")):
             assert time.monotonic() < deadline_s
             time.sleep(0.001)
     finally:
@@ -236,7 +235,7 @@ def test_nothing_is_submitted_beside_a_job_run_now() -> None:
 
     lane = Lane("exclusive")
     lane.start()
-    runner = threading.Thread(target=lane.run_now, args=(LaneJob(0, NEVER_NS, inline, _noop),))
+    runner = threading.Thread(target=lane.run_now, args=(0, NEVER_NS, inline))
     runner.start()
     try:
         assert inside.wait(5)
