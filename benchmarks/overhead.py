@@ -73,7 +73,7 @@ from benchmarks.lib import (
     write_report,
 )
 from clockwork_async.client import AsyncClient, ClientError, InferResult
-from clockwork_async.testing import clean_environ
+from clockwork_async.testing import children, clean_environ
 
 SLO_MS = 1000.0  # generous: this measures overhead, not scheduling
 SLOWDOWN = 0.02  # tiny-sim b1 500 µs x 0.02 = 10 µs
@@ -220,6 +220,26 @@ def per_request_us(cost: Counter[str]) -> dict[str, float | None]:
     }
 
 
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_counters(pid: int) -> Counter[str]:
+    """CPU time (µs, in clock ticks) and context switches of every thread of ``pid``, from
+    /proc; empty once it is gone."""
+    counters: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2]
+                utime, stime = fields.split()[11:13]
+                counters["cpu_us"] += (int(utime) + int(stime)) * 1_000_000 // CLOCK_TICKS_PER_S
+                for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        counters[key.removesuffix("_ctxt_switches")] += int(value)
+    return counters
+
+
 @dataclass
 class Target:
     name: str
@@ -228,6 +248,10 @@ class Target:
     after_block: Callable[[], None] = lambda: None
     is_daemon: bool = False
     samples: Samples = field(default_factory=Samples)
+    # The daemon's and its executor's processes: their CPU and context switches are counted
+    # over the serial blocks (what one request costs each side, whatever else the machine runs).
+    processes: dict[str, int] = field(default_factory=dict)
+    process_cost: dict[str, Counter[str]] = field(default_factory=dict)
 
     async def block(self, plan: Plan, in_flight: int, phase: str) -> None:
         """One serial or pipelined block, with the daemon's cost counted around it."""
@@ -235,7 +259,11 @@ class Target:
         before = cost_totals(await self.client.stats()) if self.is_daemon else Counter()
         self.samples.load_averages.append(load_average())
         if phase == "serial":
+            counted = {name: process_counters(pid) for name, pid in self.processes.items()}
             await serial(self.client, plan.serial_per_block, self.samples)
+            for name, pid in self.processes.items():
+                spent = process_counters(pid) - counted[name]
+                self.process_cost[name] = self.process_cost.get(name, Counter()) + spent
             await pings(self.client, plan.pings_per_block, self.samples)
         else:
             await pipelined(self.client, in_flight, plan.pipelined_s_per_block, self.samples)
@@ -349,11 +377,12 @@ async def run_targets(
     others: dict[str, DaemonProcess],
 ) -> dict[str, Any]:
     echo = await AsyncClient.connect(echo_address)
-    plain = await AsyncClient.connect(daemon.api)
-    targets = [Target("echo", echo), Target("daemon", plain, is_daemon=True)]
-    targets.append(Target("daemon-no-poll", await AsyncClient.connect(no_poll.api), is_daemon=True))
-    for name, other in others.items():
-        targets.append(Target(name, await AsyncClient.connect(other.api), is_daemon=True))
+    targets = [Target("echo", echo)]
+    daemons = {"daemon": daemon, "daemon-no-poll": no_poll, **others}
+    for name, process in daemons.items():
+        client = await AsyncClient.connect(process.api)
+        targets.append(Target(name, client, is_daemon=True, processes=daemon_processes(process)))
+    plain = targets[1].client
     if flipped_variant:
         targets.append(await flipped_target(daemon))
     try:
@@ -363,6 +392,22 @@ async def run_targets(
         for target in targets:
             await target.client.close()
     return report(targets, final_stats, lag, in_flight)
+
+
+def daemon_processes(daemon: DaemonProcess) -> dict[str, int]:
+    """The daemon's process and its one local executor's."""
+    executors = children(daemon.pid)
+    return {"daemon": daemon.pid, **({"executor": executors[0]} if len(executors) == 1 else {})}
+
+
+def per_serial_request(target: Target) -> dict[str, dict[str, float]]:
+    """CPU µs and voluntary/involuntary context switches per serial request, per process."""
+    count = len(target.samples.serial_ns)
+    return {
+        name: {key: round(value / count, 2) for key, value in sorted(cost.items())}
+        for name, cost in target.process_cost.items()
+        if count
+    }
 
 
 def target_report(target: Target) -> dict[str, Any]:
@@ -380,6 +425,7 @@ def target_report(target: Target) -> dict[str, Any]:
         row["daemon_timing"] = {key: summarize_ns(v) for key, v in s.daemon_ns.items()}
         row["pipelined_batch_sizes"] = dict(sorted(s.batch_sizes.items()))
         row["controller_cost_per_request"] = per_request_us(s.cost)
+        row["processes_per_serial_request"] = per_serial_request(target)
     return row
 
 
@@ -452,7 +498,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(
                 f"{name}: controller per request (µs) {cost}; daemon timing of serial requests "
                 f"(p50, p99 µs) {timing}; pipelined batch sizes {row['pipelined_batch_sizes']}; "
-                f"statuses {row['statuses']}"
+                f"statuses {row['statuses']}; per serial request (CPU µs, context switches) "
+                f"{row['processes_per_serial_request']}"
             )
     for phase, lag in result["daemon_loop_lag_us"].items():
         print(f"daemon loop lag after the {phase} phase (ready-callback wait, µs): {lag}")
