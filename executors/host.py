@@ -237,10 +237,12 @@ class ExecutorHost:
     def _run_inline(self, action: Infer, reply: Reply) -> bool:
         """Run a short INFER here (the loop thread), replying from here, if its lane is idle
         and its window open. False when it must go through the lane."""
-        if not self._short.short(action.model, action.batch_size):
+        spare_ns = self._short.spare_ns(action.model, action.batch_size)
+        if spare_ns is None:
             return False
         run = partial(self._run_job, self._infer, action, reply)
-        return self._lanes[EXECUTE_LANE].run_now(action.earliest_ns, action.latest_ns, run)
+        lane = self._lanes[EXECUTE_LANE]
+        return lane.run_now(action.earliest_ns, action.latest_ns, run, wait_ns=spare_ns)
 
     def _expect_unload(self, name: str) -> None:
         """Note that the pages of ``name`` (if loaded) are about to be freed."""

@@ -155,16 +155,22 @@ class Lane:
             self._submitted += 1
             self._inbox.put(job)
 
-    def run_now(self, earliest_ns: int, latest_ns: int, run: Callable[[int], None]) -> bool:
-        """Call ``run(start_ns)`` on the calling thread, at once, if the lane is idle and the
-        window is open (``earliest_ns <= now <= latest_ns``): no hand-off to the lane thread
-        and no wake-up of it. Returns False, having done nothing, otherwise (closing, busy, or
-        not due now: `submit` it). Holds the submit lock while it runs, so nothing can be
-        submitted beside it; ``close`` waits for it as for a running job."""
+    def run_now(
+        self, earliest_ns: int, latest_ns: int, run: Callable[[int], None], *, wait_ns: int = 0
+    ) -> bool:
+        """Call ``run(start_ns)`` on the calling thread if the lane is idle and the window is
+        open now or opens within ``wait_ns`` (then spin to it, as the lane would): no hand-off
+        to the lane thread and no wake-up of it. Returns False, having run nothing, otherwise
+        (closing, busy, too early or too late: `submit` it, and the lane waits or rejects).
+        Holds the submit lock while it runs, so nothing can be submitted beside it; ``close``
+        waits for it as for a running job."""
         with self._submitting:
             if self._closing or self._submitted != self._answered:
                 return False
             now_ns = self._clock.now_ns()
+            if now_ns < earliest_ns and earliest_ns - now_ns <= wait_ns:
+                self._clock.spin_until(earliest_ns)
+                now_ns = self._clock.now_ns()
             if not earliest_ns <= now_ns <= latest_ns:
                 return False
             _guarded(run, now_ns)

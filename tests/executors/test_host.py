@@ -397,7 +397,7 @@ def _inline_driver(backend: SimulatedBackend, **host_options: int) -> tuple[Driv
     return driver, posted
 
 
-def test_a_short_infer_runs_inline_once_its_last_run_was_short() -> None:
+def test_a_short_infer_runs_inline_once_it_ran_short() -> None:
     backend = SimulatedBackend(CountingArena(16 * MIB, 1), slowdown=0.01)  # b1: 5 us
     driver, posted = _inline_driver(backend)
     try:

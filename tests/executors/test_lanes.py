@@ -184,6 +184,20 @@ def test_run_now_runs_a_due_job_on_the_calling_thread_when_the_lane_is_idle() ->
     assert len(ran) == 1
 
 
+def test_run_now_waits_for_a_window_that_opens_within_its_wait() -> None:
+    clock = VirtualClock(now_ns=1_000)
+    lane = Lane("inline-wait", clock=clock)
+    lane.start()
+    starts: list[int] = []
+    try:
+        assert not lane.run_now(1_501, NEVER_NS, starts.append, wait_ns=500)  # opens too late
+        assert clock.now == 1_000 and starts == []
+        assert lane.run_now(1_500, NEVER_NS, starts.append, wait_ns=500)
+        assert starts == [1_500]  # spun to the window's start, as the lane would
+    finally:
+        lane.close()
+
+
 def test_run_now_declines_while_a_submitted_job_runs_or_waits() -> None:
     started, release, finished = threading.Event(), threading.Event(), threading.Event()
     ran: list[str] = []
