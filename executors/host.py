@@ -235,14 +235,13 @@ class ExecutorHost:
             self._enqueue(ActionKind.UNLOAD, UNTIMED, action, reply, self._unload)
 
     def _run_inline(self, action: Infer, reply: Reply) -> bool:
-        """Run a short INFER here (the loop thread), replying from here, if its lane is idle
-        and its window open. False when it must go through the lane."""
-        spare_ns = self._short.spare_ns(action.model, action.batch_size)
-        if spare_ns is None:
+        """Run a short INFER on this (the loop) thread, replying from here, if its lane is
+        idle and its window open (soon); False when it must go through the lane."""
+        if (spare_ns := self._short.spare_ns(action.model, action.batch_size)) is None:
             return False
         run = partial(self._run_job, self._infer, action, reply)
-        lane = self._lanes[EXECUTE_LANE]
-        return lane.run_now(action.earliest_ns, action.latest_ns, run, wait_ns=spare_ns)
+        window = (action.earliest_ns, action.latest_ns)
+        return self._lanes[EXECUTE_LANE].run_now(*window, run, wait_ns=spare_ns)
 
     def _expect_unload(self, name: str) -> None:
         """Note that the pages of ``name`` (if loaded) are about to be freed."""
@@ -494,8 +493,7 @@ def _call_now(callback: Callable[[], None]) -> None:
 def _stamped(reply: Reply, received_ns: int, answer: Message) -> None:
     """Call ``reply`` with ``answer``, an ActionResult telling when its action was read."""
     if isinstance(answer, ActionResult):
-        # Stamped in place: `_success`/`_failure` built it for this one reply and nothing else
-        # holds it; rebuilding a frozen ten-field dataclass (`dataclasses.replace`) took 9-23 µs
-        # per action, a sizeable part of a short INFER's whole time in the executor.
+        # In place: built for this one reply, nothing else holds it (`dataclasses.replace`
+        # took 9-23 µs per action, much of a short INFER's whole time in the executor).
         object.__setattr__(answer, "received_ns", received_ns)
     reply(answer)
