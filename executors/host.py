@@ -6,8 +6,8 @@ rules are `lane_rules`, the model state machine `model_entry`. Transport-free:
 `controller_link.py` feeds it decoded actions and sends back its replies.
 
 Invariants:
-- Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), delivered on
-  the event loop thread through ``post``; every `ActionResult` carries ``pages_free``.
+- Every action gets exactly one reply (`ActionResult`, `ModelInfo` or `State`), on the event
+  loop thread (from a lane through ``post``); every `ActionResult` carries ``pages_free``.
 - A model moves only as `model_entry` allows (``REGISTERING -> REGISTERED -> LOADING ->
   LOADED -> UNLOADING -> REGISTERED`` and the failure moves); any other move raises.
 - Lanes, windows, order and when a LOAD waits for pages are the pure `lane_rules` (shared
