@@ -381,6 +381,7 @@ class DaemonService:
                 group=entry.group,
                 default_slo_ns=entry.default_slo_ns,
                 profile=profile,
+                inputs=entry.inputs if entry.axes else (),  # declared lengths, if any
             )
         except (RegistrationError, LinkError, TimeoutError) as error:
             raise ServiceError(ApiCode.BAD_MODEL, str(error) or repr(error)) from None
@@ -397,12 +398,14 @@ class DaemonService:
 
     def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
         machine = self._registration.machine_for(entry)
-        return self._registration.cache.get(entry.sha256, machine, RegistrationProfile.from_json)
+        return self._registration.cache.get(
+            entry.profile_key, machine, RegistrationProfile.from_json
+        )
 
     def _store_profile(self, entry: ModelEntry, profile: RegistrationProfile) -> None:
         machine = self._registration.machine_for(entry)
         try:
-            self._registration.cache.put(entry.sha256, machine, profile.to_json())
+            self._registration.cache.put(entry.profile_key, machine, profile.to_json())
         except OSError as error:
             log.warning("profile of %r not cached: %s", entry.name, error)
 

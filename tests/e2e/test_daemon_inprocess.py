@@ -28,6 +28,8 @@ def sim_daemon(folder: Path, **settings: str) -> Daemon:
     overrides = {
         "server.listen": "127.0.0.1:0",
         "metrics.listen": "127.0.0.1:0",
+        "http.listen": "127.0.0.1:0",
+        "grpc.listen": "127.0.0.1:0",
         "repository.path": str(folder / "models"),
         "repository.profile_cache_dir": str(folder / "profiles"),
         "executors": '[{backend = "simulated", page_bytes = 1048576, weights_bytes = 16777216}]',
@@ -121,7 +123,7 @@ async def test_a_controller_that_may_share_its_cpu_does_not_busy_poll(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     add_tiny(tmp_path / "models")
-    caplog.set_level(logging.INFO, logger="clockwork_async.daemon")
+    caplog.set_level(logging.INFO, logger="clockwork_async")
     for settings in ({}, {"server.pin_controller": "false"}):  # an unpinned executor; no pin
         caplog.clear()
         daemon = sim_daemon(tmp_path, **settings)

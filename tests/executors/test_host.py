@@ -5,6 +5,7 @@ simulated backend alone: test_simulated.py.)"""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -12,12 +13,12 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import pytest
 from clockwork_async.executors.arena import CountingArena
-from clockwork_async.executors.backend import LoadedModel
+from clockwork_async.executors.backend import BackendError, LoadedModel
 from clockwork_async.executors.host import ExecutorHost
 from clockwork_async.executors.model_entry import InvalidTransition, ModelEntry, ModelState
 from clockwork_async.executors.pages import PageCache
 from clockwork_async.executors.simulated import SimRegistered, SimulatedBackend
-from clockwork_async.executors.validation import Refused, validate_inputs
+from clockwork_async.executors.validation import Refused, serving_inputs, validate_inputs
 
 from clockwork_async.lane_rules import UNLOAD_WAIT_NS
 from clockwork_async.sim.profiles import TINY_SIM
@@ -229,6 +230,32 @@ def test_good_inputs_pass_validation() -> None:
     validate_inputs(_model(), 2, {"x": np.zeros((2, 3, 2), np.float32)})
 
 
+def test_an_input_without_a_batch_axis_comes_whole() -> None:
+    specs = (TensorSpec("scale", "float32", ()), TensorSpec("table", "bool", (3, 2)))
+    model = SimRegistered("m", 0, (), specs, (), (1,), TINY_SIM)
+    whole = {"scale": np.array(2.0, np.float32), "table": np.zeros((3, 2), bool)}
+    validate_inputs(model, 1, whole)
+    with pytest.raises(Refused, match=r"'table' has shape \(1, 2\), expected \(3, 2\)"):
+        validate_inputs(model, 1, {**whole, "table": np.zeros((1, 2), bool)})
+    with pytest.raises(Refused, match="'scale' has shape \\(1,\\), expected rank 0"):
+        validate_inputs(model, 1, {**whole, "scale": np.ones(1, np.float32)})
+
+
+def test_declared_input_shapes_must_fit_the_file() -> None:
+    found = (TensorSpec("ids", "int64", (-1, -1)), TensorSpec("s", "float32", ()))
+    declared = (TensorSpec("ids", "int64", (-1, 12)), TensorSpec("s", "float32", ()))
+    assert serving_inputs("m", found, ()) == found
+    assert serving_inputs("m", found, declared) == declared
+    for wrong, says in [
+        ((declared[0],), "declared inputs ['ids'] differ from the file's ['ids', 's']"),
+        ((TensorSpec("ids", "int32", (-1, 12)), declared[1]), "declared int32 [-1, 12]"),
+        ((declared[0], TensorSpec("s", "float32", (1,))), "but the file has float32 []"),
+    ]:
+        with pytest.raises(BackendError, match=re.escape(says)) as caught:
+            serving_inputs("m", found, wrong)
+        assert caught.value.code is ErrorCode.BAD_MODEL
+
+
 def test_bad_input_is_answered_and_the_host_serves_on(driver: Driver) -> None:
     driver.register("m")
     driver.load("m")
@@ -372,6 +399,83 @@ def test_a_load_without_pending_unloads_is_refused_at_once(driver: Driver) -> No
     assert time.monotonic() - started_s < UNLOAD_WAIT_NS / 1e9  # it did not wait for nothing
     for name in ("a", "b"):
         driver.unload(name)
+
+
+# --- short INFERs run inline on the loop thread ------------------------------------------------
+
+
+class Posted:
+    """A ``post`` that records from which thread each reply was posted, then delivers it."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def __call__(self, callback: Callable[[], None]) -> None:
+        self.threads.append(threading.get_ident())
+        callback()
+
+
+def _inline_driver(backend: SimulatedBackend, **host_options: int) -> tuple[Driver, Posted]:
+    driver = Driver(backend, pages_total=1)
+    driver.host.close()  # rebuilt below with a recording post and the options
+    driver.host = ExecutorHost(backend, driver.pages, **host_options)
+    posted = Posted()
+    driver.host.start(posted)
+    return driver, posted
+
+
+def test_a_short_infer_runs_inline_once_it_ran_short() -> None:
+    backend = SimulatedBackend(CountingArena(16 * MIB, 1), slowdown=0.01)  # b1: 5 us
+    driver, posted = _inline_driver(backend)
+    try:
+        driver.register("m")
+        driver.load("m")
+        posts = len(posted.threads)
+        first = _result(driver.infer("m"))  # never ran: through the lane thread
+        assert first.ok and posted.threads[posts:] == [posted.threads[-1]]
+        assert posted.threads[-1] != threading.get_ident()
+        inline, posts = _answered_inline(driver, posted)
+        assert inline.ok and inline.received_ns <= inline.start_ns <= inline.end_ns
+        assert inline.outputs["output"][0, 0] == 1.0 and inline.durations_ns["execute"] > 0
+        assert _result(driver.infer("m", batch_size=2)).ok  # another batch size: the lane
+        assert len(posted.threads) == posts + 1
+        too_late = _result(driver.infer("m", earliest_ns=0, latest_ns=1))  # lane: rejected
+        assert too_late.code == ErrorCode.TOO_LATE
+        driver.unload("m")
+    finally:
+        driver.host.close()
+
+
+def _answered_inline(driver: Driver, posted: Posted) -> tuple[ActionResult, int]:
+    """Send INFERs until one is answered before ``submit`` returns, not posted (the lane
+    counts a job answered only after its reply was posted, so the first may find it busy).
+    Returns that result and the posts made before it."""
+    inputs = {"input": np.ones((1, 4), np.float32)}
+    for _ in range(200):
+        posts = len(posted.threads)
+        action_id = driver.send(lambda i: Infer(i, "m", 1, inputs, 0, NEVER_NS))
+        if action_id in driver.replies.by_id and len(posted.threads) == posts:
+            return _result(driver.replies.by_id[action_id][0]), posts
+        driver.replies.wait(action_id)
+        time.sleep(0.001)
+    raise AssertionError("no INFER ran inline")
+
+
+@pytest.mark.parametrize("options", [{"inline_max_ns": 0}, {"inline_max_ns": 1}])
+def test_an_infer_longer_than_the_inline_bound_always_goes_through_the_lane(
+    options: dict[str, int],
+) -> None:
+    backend = SimulatedBackend(CountingArena(16 * MIB, 1), slowdown=0.01)
+    driver, posted = _inline_driver(backend, **options)
+    try:
+        driver.register("m")
+        driver.load("m")
+        for _ in range(3):
+            assert _result(driver.infer("m")).ok
+        assert len(posted.threads) == 5 and threading.get_ident() not in posted.threads
+        driver.unload("m")
+    finally:
+        driver.host.close()
 
 
 class FlakyBackend(SimulatedBackend):

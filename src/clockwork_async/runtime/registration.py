@@ -27,6 +27,7 @@ from clockwork_async.wire.messages import (
     ModelInfo,
     RegisterModel,
     State,
+    TensorSpec,
     Unload,
     UnregisterModel,
 )
@@ -46,6 +47,7 @@ class ModelSource:
 
     path: str
     batch_sizes: tuple[int, ...] = ()
+    inputs: tuple[TensorSpec, ...] = ()  # declared shapes (model.toml); empty: the file's
 
 
 async def call(link: ExecutorLink, make: Callable[[int], Message]) -> Message:
@@ -60,7 +62,9 @@ async def register_on(link: ExecutorLink, name: str, source: ModelSource) -> Mod
     async with link.lock:
         if name in link.registered:
             return link.registered[name]
-        reply = await call(link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes))
+        reply = await call(
+            link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes, source.inputs)
+        )
         if isinstance(reply, ModelInfo):
             link.registered[name] = reply
             return reply
