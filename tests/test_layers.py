@@ -49,7 +49,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("queues", "lanes", "entities"),
     ("state",),
-    ("agenda", "feasibility", "eviction", "ledger"),
+    ("agenda", "feasibility", "eviction", "room", "ledger"),
     ("requests", "warm_up"),
     ("batching", "policies"),
     ("admission", "scheduler", "results", "membership", "placement"),

@@ -47,6 +47,7 @@ from clockwork_async.core.events import (
     Tick,
     WakeAt,
 )
+from clockwork_async.core.lanes import OVERRUN_WINDOW
 from clockwork_async.core.outcomes import Outcome
 
 from .harness import MS, US
@@ -327,6 +328,18 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert batch.index == executor.booked_head + position
                 if batch.live > 0:
                     assert batch.end_ns == batch.start_ns + batch.cost_ns
+
+    @invariant()
+    def booked_rooms_and_overruns_are_in_range(self) -> None:
+        """A live batch's room is a batch of 1 to the largest size and it has no more live
+        members than were booked; each execute lane's overrun is the largest of its window."""
+        for executor in self.ctl._core.executors.values():
+            for batch in executor.booked:
+                if batch.live > 0:
+                    assert 1 <= batch.room <= SIZES[-1] and batch.live <= batch.size
+            lane = executor.exec_lane
+            assert len(lane.overruns) <= OVERRUN_WINDOW
+            assert lane.overrun_ns == max(lane.overruns, default=0) >= 0
 
     @invariant()
     def lanes_hold_one_action_at_a_time(self) -> None:

@@ -17,7 +17,7 @@ forbids any import cycle; docs/controller.md, "Layers"):
    (spec checks);
 2. entities: queues, lanes, entities (requests, models, executors, actions, booked batches);
 3. state: the data (CoreState), with lookups that only read it;
-4. agenda (what to look at next), feasibility, eviction, ledger;
+4. agenda (what to look at next), feasibility, eviction, room, ledger;
 5. request operations: requests (answer, reject, enqueue, requeue, rebook), warm_up;
 6. plans: batching, policies (they read the state and return values: a Rejection or a Quote,
    a Batch, Defer, Drop or Handoff);

@@ -24,6 +24,7 @@ COUNTERS = (
     "loads",
     "cold_starts",
     "warm_ups",
+    "probes",
     "unloads",
     "evictions",
     "load_failures",
