@@ -1,4 +1,6 @@
-"""Model registration on executor links: register, unregister, reconcile on (re)join, profile.
+"""Model registration on executor links: register, unregister, reconcile on (re)join, profile
+(each profiling LOAD and INFER on a lane the core reserved for it, and the LOAD's pages held in
+the core from the first LOAD to the last UNLOAD: `LaneBroker`).
 
 Every call on a link goes through ``link.lock``, and ``link.registered`` records what is
 registered there (name -> the ModelInfo it answered, or None when found already registered),
@@ -10,9 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from clockwork_async.runtime.executor_link import ExecutorLink
+from clockwork_async.core.events import LaneReserved, ModelProfile
+
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkError
 from clockwork_async.runtime.profiler import (
+    Build,
     ProfilerConfig,
     ProfilingError,
     ProfilingTarget,
@@ -48,19 +54,28 @@ class ModelSource:
     batch_sizes: tuple[int, ...] = ()
 
 
-async def call(link: ExecutorLink, make: Callable[[int], Message]) -> Message:
-    """Send ``make(action_id)`` on ``link`` and return its reply. Raises LinkDown, TimeoutError."""
+async def call(
+    link: ExecutorLink, make: Callable[[int], Message], timeout_s: float | None = None
+) -> Message:
+    """Send ``make(action_id)`` on ``link`` and return its reply. Raises LinkDown, TimeoutError
+    (after ``timeout_s``, else the link's call timeout)."""
     action_id = link.next_call_id()
-    return await link.call(make(action_id), action_id)
+    return await link.call(make(action_id), action_id, timeout_s)
 
 
-async def register_on(link: ExecutorLink, name: str, source: ModelSource) -> ModelInfo | None:
+async def register_on(
+    link: ExecutorLink, name: str, source: ModelSource, timeout_s: float | None = None
+) -> ModelInfo | None:
     """Register ``name`` on ``link`` unless it is already. Returns the executor's ModelInfo
-    (None if it was registered before). Raises RegistrationError, LinkDown, TimeoutError."""
+    (None if it was registered before). Raises RegistrationError, LinkDown, TimeoutError
+    (no answer within ``timeout_s``: the profiling cap, as reading a file has no
+    prediction)."""
     async with link.lock:
         if name in link.registered:
             return link.registered[name]
-        reply = await call(link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes))
+        reply = await call(
+            link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes), timeout_s
+        )
         if isinstance(reply, ModelInfo):
             link.registered[name] = reply
             return reply
@@ -110,16 +125,31 @@ async def reconcile(link: ExecutorLink, known: Mapping[str, ModelSource]) -> tup
 
 # --- profiling --------------------------------------------------------------------------------
 
+REPLY_GRACE_S = 1.0  # a profiling reply may come this long after its reservation's time
+
+
+class LaneBroker(Protocol):
+    """Where lanes are reserved for profiling actions: the dispatcher, in front of the core
+    (`ReserveLane`, core/reservations.py)."""
+
+    def reserve(
+        self, executor_id: str, lane: str, duration_ns: int, pages: int = 0
+    ) -> LaneReserved: ...
+
+    def release(self, executor_id: str, reservation_id: int, end_ns: int = 0) -> None: ...
+
 
 async def profile_model(
     name: str,
     info: ModelInfo,
     links: Sequence[ExecutorLink],
     config: ProfilerConfig,
-    executor_now_ns: Callable[[ExecutorLink], int],
+    broker: LaneBroker,
+    now_ns: Callable[[], int],
     cached: RegistrationProfile | None = None,
 ) -> RegistrationProfile:
-    """Measure ``name`` on one executor of every kind among ``links`` that ``cached`` lacks.
+    """Measure ``name`` on one executor of every kind among ``links`` that ``cached`` lacks,
+    each action on a lane ``broker`` reserved for it.
 
     Returns the merged profile. Raises RegistrationError if a kind could not be profiled.
     """
@@ -130,7 +160,7 @@ async def profile_model(
     for kind, candidates in sorted(by_kind.items()):
         if profile is not None and kind in profile.kinds:
             continue
-        measured = await _profile_kind(name, info, kind, candidates, config, executor_now_ns)
+        measured = await _profile_kind(name, info, kind, candidates, config, broker, now_ns)
         profile = measured if profile is None else profile.merged(measured)
     if profile is None:
         raise RegistrationError(f"no executor to profile {name!r} on")
@@ -145,11 +175,39 @@ async def profile_model(
     return RegistrationProfile(offered, profile.kinds)
 
 
-def _target(link: ExecutorLink, executor_now_ns: Callable[[ExecutorLink], int]) -> ProfilingTarget:
-    async def act(message: Message) -> Message:
-        return await link.call(message, getattr(message, "action_id"))  # noqa: B009
+def _target(link: ExecutorLink, broker: LaneBroker, now_ns: Callable[[], int]) -> ProfilingTarget:
+    async def run(lane: str, reserve_ns: int, build: Build) -> Message:
+        if not lane:  # an UNLOAD: no lane of the core's to hold
+            message = build(0, 0)
+            return await link.call(message, _action_id(message))
+        reserved = broker.reserve(link.executor_id, lane, reserve_ns)
+        if reserved.refused:
+            raise ProfilingError(f"no {lane} lane reserved: {reserved.refused}")
+        end_ns = 0
+        try:
+            return_by_ns = reserved.end_ns + reserve_ns  # twice the reservation past its start
+            message = build(
+                link.clock.to_executor_ns(now_ns()), link.clock.to_executor_ns(reserved.start_ns)
+            )
+            wait_s = max(0, return_by_ns - now_ns()) / 1e9 + REPLY_GRACE_S
+            try:
+                reply = await link.call(message, _action_id(message), timeout_s=wait_s)
+            except TimeoutError:
+                raise ProfilingError(
+                    f"no reply from {link.executor_id} within {wait_s:.1f} s "
+                    f"({lane} lane reserved for {reserve_ns / 1e6:.0f} ms)"
+                ) from None
+            if isinstance(reply, ActionResult) and reply.end_ns:
+                end_ns = link.clock.to_controller_ns(reply.end_ns)
+            return reply
+        finally:
+            broker.release(link.executor_id, reserved.reservation_id, end_ns)
 
-    return ProfilingTarget(act, link.next_call_id, lambda: executor_now_ns(link))
+    return ProfilingTarget(run, link.next_call_id, now_ns)
+
+
+def _action_id(message: Message) -> int:
+    return int(getattr(message, "action_id"))  # noqa: B009
 
 
 async def _profile_kind(
@@ -158,19 +216,36 @@ async def _profile_kind(
     kind: str,
     candidates: Sequence[ExecutorLink],
     config: ProfilerConfig,
-    executor_now_ns: Callable[[ExecutorLink], int],
+    broker: LaneBroker,
+    now_ns: Callable[[], int],
 ) -> RegistrationProfile:
     errors = []
     for link in candidates:
-        target = _target(link, executor_now_ns)
         try:
-            async with link.lock:
-                model_profile, sizes = await measure(
-                    target, name, info.inputs, info.batch_sizes, config
-                )
-        except ProfilingError as error:
+            model_profile, sizes = await _measure_on(name, info, link, config, broker, now_ns)
+        except (ProfilingError, LinkError) as error:
             errors.append(f"{link.executor_id}: {error}")
             continue
         log.info("profiled %r on %s (%s): %s", name, link.executor_id, kind, model_profile)
         return RegistrationProfile(sizes, {kind: model_profile})
     raise RegistrationError(f"cannot profile {name!r} on kind {kind!r}: {'; '.join(errors)}")
+
+
+async def _measure_on(
+    name: str,
+    info: ModelInfo,
+    link: ExecutorLink,
+    config: ProfilerConfig,
+    broker: LaneBroker,
+    now_ns: Callable[[], int],
+) -> tuple[ModelProfile, tuple[int, ...]]:
+    """`measure` on one executor, its LOAD's pages held in the core meanwhile. Raises
+    ProfilingError."""
+    pages = broker.reserve(link.executor_id, "", 0, info.pages_needed)
+    if pages.refused:
+        raise ProfilingError(f"no pages for its LOAD: {pages.refused}")
+    try:
+        target = _target(link, broker, now_ns)
+        return await measure(target, name, info.inputs, info.batch_sizes, config)
+    finally:
+        broker.release(link.executor_id, pages.reservation_id)
