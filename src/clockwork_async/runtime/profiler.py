@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-import numpy as np
-
 from clockwork_async.config_keys import internal, ranged
 from clockwork_async.core.config import ConfigError, ControllerConfig
 from clockwork_async.core.events import ModelProfile

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from clockwork_async.core.events import LaneReserved, ModelProfile
-
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkError
 from clockwork_async.runtime.profiler import (
     Build,
