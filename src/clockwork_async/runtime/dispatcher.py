@@ -6,7 +6,8 @@ into an owner.
 One idea: the request path between the API and the executor links. Events in: `submit`,
 `cancel`, `flush` (callers), `executor_joined` / `executor_left` (the executor pool), `add_model`
 / `remove_model` and `reserve` / `release` (registration), action results (from links, for the
-actions it sent), ticks (its own timer), `drain` / `close`. Out: actions on links, ``on_reply`` calls and listeners.
+actions it sent), ticks (its own timer), `drain` / `close`. Out: actions on links, ``on_reply``
+calls and listeners.
 
 Invariants:
 - The core is entered through ``Controller.handle`` alone, one event at a time, in the order
