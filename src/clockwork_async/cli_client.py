@@ -13,12 +13,14 @@ import json
 import os
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
+from clockwork_async.api.async_client import ApiError
 from clockwork_async.api.auth import client_ssl_context
 from clockwork_async.cli import stdout_closed
 from clockwork_async.client import (
@@ -201,9 +203,16 @@ def _result_text(result: InferResult, written: list[Path]) -> str:
 # --- models ------------------------------------------------------------------------------------
 
 
+WATCH_PERIOD_S = 0.5  # `models add` asks how its registration goes this often
+
+
 def models_main(argv: list[str]) -> int:
-    """``clockwork-async models [list | add NAME PATH [--toml FILE] [--replace] | remove NAME]``"""
-    parser = Parser(prog="clockwork-async models", description="List, add or remove models.")
+    """``clockwork-async models [list | status NAME | add NAME PATH [--toml FILE] [--replace]
+    [--no-wait] | cancel NAME | remove NAME]``"""
+    parser = Parser(
+        prog="clockwork-async models",
+        description="List, add, watch, cancel or remove models.",
+    )
     actions = parser.add_subparsers(dest="action", parser_class=Parser, required=True)
     listing = actions.add_parser("list", help="list the models (the default)")
     listing.add_argument("--json", action="store_true")
@@ -216,12 +225,21 @@ def models_main(argv: list[str]) -> int:
         action="store_true",
         help="take the name from the model serving under it (its requests finish on it)",
     )
+    adding.add_argument(
+        "--no-wait", action="store_true", help="return once its registration started"
+    )
     adding.add_argument("--json", action="store_true")
+    status = actions.add_parser("status", help="one model's state (registering ... ready)")
+    status.add_argument("name")
+    status.add_argument("--json", action="store_true")
+    cancelling = actions.add_parser("cancel", help="cancel a registration that is running")
+    cancelling.add_argument("name")
     removing = actions.add_parser("remove", help="unregister a model")
     removing.add_argument("name")
-    for sub in (listing, adding, removing):
+    for sub in (listing, adding, status, cancelling, removing):
         add_connection_flags(sub)
-    if not argv or argv[0] not in {"list", "add", "remove", "-h", "--help"}:
+    verbs = {"list", "add", "status", "cancel", "remove", "-h", "--help"}
+    if not argv or argv[0] not in verbs:
         argv = ["list", *argv]  # `models` and `models --address X` list
     return run_verb("models", parser, argv, _models)
 
@@ -231,14 +249,50 @@ def _models(args: argparse.Namespace) -> int:
     toml = _read_toml(args.toml) if action == "add" else None
     with connect(args) as client:
         if action == "add":
-            added = client.add_model(args.name, args.path, toml, replace=args.replace)
-            _print_models([added], args.json)
+            added = client.add_model(args.name, args.path, toml, replace=args.replace, wait=False)
+            if args.no_wait:
+                _print_models([added], args.json)
+                return 0
+            return _watch(client, added, args.json)
+        if action == "status":
+            found = [m for m in client.models() if m.name == args.name]
+            if not found:
+                raise ApiError("unknown_model", f"no model or registration {args.name!r}")
+            _print_models(found, args.json)
+            return 1 if any(m.state in FAILED_STATES for m in found) else 0
+        if action == "cancel":
+            _print_models([client.cancel_registration(args.name)], args.json)
         elif action == "remove":
             client.remove_model(args.name)
             print(f"removed {args.name}")
         else:
             _print_models(client.models(), args.json)
     return 0
+
+
+FAILED_STATES = frozenset({"failed", "cancelled"})
+SERVED_STATES = frozenset({"ready", "loaded"})
+
+
+def _watch(client: Client, added: ModelStatus, as_json: bool) -> int:
+    """Show a registration's progress on stderr until it is ready (its status on stdout, 0)
+    or failed or cancelled (why on stderr, 1)."""
+    said, shown_s = "", 0.0
+    while True:
+        rows = [m for m in client.models() if (m.name, m.version) == (added.name, added.version)]
+        served = [m for m in rows if m.state in SERVED_STATES]
+        if served:
+            _print_models(served, as_json)
+            return 0
+        row = rows[0] if rows else added
+        if row.state in FAILED_STATES:
+            print(f"clockwork-async models: {row.name} {row.state}: {row.reason}", file=sys.stderr)
+            return 1
+        line = f"{row.name} version {row.version}: {row.state}"
+        if line != said or time.monotonic() - shown_s > 5.0:
+            print(f"{line} ({row.reason})", file=sys.stderr, flush=True)
+            said, shown_s = line, time.monotonic()
+        time.sleep(WATCH_PERIOD_S)
 
 
 def _read_toml(path: Path | None) -> str | None:
@@ -263,6 +317,8 @@ def _print_models(models: list[ModelStatus], as_json: bool) -> None:
 
 def _model_row(m: ModelStatus) -> tuple[str, ...]:
     version = str(m.version) if m.version else "-"
+    if m.state not in SERVED_STATES:  # a registration job: its state and why
+        return (m.name, version, m.group, f"{m.state}: {m.reason}", "-", "-", "-", "-")
     batches = ",".join(map(str, m.batch_sizes)) or "-"
     slo_ms = f"{m.default_slo_ns / 1e6:g}"
     loaded_on = ",".join(m.loaded_on) or "-"

@@ -117,6 +117,20 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
     return _mlp("mlp", seed, (784, 1024, 1024, 10), "logits")
 
 
+def build_slow(layers: int = 96, rows: int = 256, width: int = 512) -> onnx.ModelProto:
+    """A slow model with one small weight, not a demo model (tests and benchmarks of slow
+    registration): x [N, rows, width] -> y [N, rows], ``layers`` x (MatMul by one shared
+    ``width`` x ``width`` weight, Tanh), then a mean over the last axis. Compute-bound: with
+    the defaults about 0.35-0.45 s a row on one core of the 2-vCPU VM, 1 MB of weights."""
+    builder = _GraphBuilder(0)
+    w = builder.weight("w", (width, width), width)
+    h = "x"
+    for index in range(layers):
+        h = builder.node("Tanh", [builder.node("MatMul", [h, w], f"m{index}")], f"t{index}")
+    builder.node("ReduceMean", [h], "y", axes=[2], keepdims=0)
+    return builder.model("slow", _tensor("x", rows, width), _tensor("y", rows))
+
+
 def _residual_block(builder: _GraphBuilder, name: str, x: str, channels: int) -> str:
     h = builder.node("Relu", [builder.conv(f"{name}.conv1", x, channels, channels)], f"{name}.r1")
     h = builder.conv(f"{name}.conv2", h, channels, channels)

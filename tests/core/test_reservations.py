@@ -130,3 +130,16 @@ def test_a_registered_model_is_served_beside_a_reservation_on_another_executor()
     reserve(h, 1)
     (infer,) = only(h.request(1, "a", 100 * MS, at_ns=MS), StartInfer)
     assert infer.executor_id == "e2"
+
+
+def test_a_reservation_past_its_predicted_end_holds_its_lane_until_released() -> None:
+    h = loaded_harness("a")
+    reserve(h, 1, duration_ns=50 * MS)
+    h.tick(60 * MS)  # no release yet: it is assumed to run 50 ms more
+    assert h.ctl.executor("e1").exec_free_at_ns == 110 * MS
+    assert h.ctl.executor("e1").resyncs == 0
+    h.request(1, "a", 30 * MS, at_ns=61 * MS)
+    assert h.outcome(1) is Outcome.INFEASIBLE  # not planned where it may still run
+    h.at(70 * MS, ReleaseLane("e1", 1, 69 * MS))
+    (infer,) = only(h.request(2, "a", 30 * MS, at_ns=70 * MS), StartInfer)
+    assert infer.planned_start_ns == 70 * MS

@@ -44,7 +44,7 @@ class ScriptedExecutor:
         self.now_ns = 0
         self._ids = iter(range(1, 10_000))
 
-    async def run(self, lane: str, reserve_ns: int, build: Build) -> Message:
+    async def run(self, lane: str, reserve_ns: int, wait_ns: int, build: Build) -> Message:
         self.reserved.append((lane, reserve_ns))
         reply = await self.act(build(1_000, 1_000))
         self.now_ns += sum(getattr(reply, "durations_ns", {}).values())
@@ -179,13 +179,12 @@ async def test_each_action_reserves_its_lane_for_what_is_known_of_it() -> None:
     executor = ScriptedExecutor({1: [4 * MS_NS] * 4, 2: [6 * MS_NS] * 4}, load_ns=[MS_NS] * 2)
     config = ProfilerConfig(warmup_iterations=1, iterations=3, load_iterations=2)
     await measure(executor.target(), "m", SPECS, (1, 2), config)
-    left_ns = config.max_profile_ns
     timed = [r for r in executor.reserved if r[0]]
     assert ("", 0) in executor.reserved  # UNLOADs hold no lane
     first_load, second_load, first_infer, second_infer = timed[:4]
-    assert first_load == ("load", left_ns)  # nothing to go by: all of the cap
+    assert first_load == ("load", config.slow_execute_ns)  # nothing to go by: a guess
     assert second_load == ("load", 2 * MS_NS + 5 * MS_NS)  # twice the slowest seen, + 5 ms
-    assert first_infer[0] == "execute" and first_infer[1] == left_ns - 2 * MS_NS  # after 2 LOADs
+    assert first_infer == ("execute", config.slow_execute_ns)
     assert second_infer == ("execute", 2 * 4 * MS_NS + 5 * MS_NS)
     first_b2 = timed[2 + 4]
     assert first_b2 == ("execute", 2 * 8 * MS_NS + 5 * MS_NS)  # linear bound from b1: 8 ms

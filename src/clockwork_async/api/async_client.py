@@ -38,6 +38,7 @@ from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
     CancelInfer,
+    CancelRegistration,
     Error,
     GetHealth,
     GetStats,
@@ -299,19 +300,31 @@ class AsyncClient:
         model_toml: str | None = None,
         *,
         replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
         """Upload an ONNX model (a local file, read here, or its bytes) and register it as
-        ``name``; returns its status. With ``replace``, it takes the name from the model
-        serving under it (requests already sent finish on that one). Raises ApiError
-        (``bad_model``, ``model_exists``, ``forbidden``, ...), OSError for an unreadable file,
-        ConnectionClosedError."""
+        ``name``; returns its status once it is registered, or with ``wait=False`` as soon as
+        its registration started (state ``registering``; watch it with `models`). With
+        ``replace``, it takes the name from the model serving under it (requests already sent
+        finish on that one). Raises ApiError (``bad_model``, ``model_exists``, ``forbidden``,
+        ``cancelled``, ...), OSError for an unreadable file, ConnectionClosedError."""
         data = (
             path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         )
         files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
         request_id = next(self._ids)
         await self._drain()
-        future = self._call(request_id, AddModel(request_id, name, files, model_toml, replace))
+        adding = AddModel(request_id, name, files, model_toml, replace, wait)
+        future = self._call(request_id, adding)
+        reply = _checked(await self._wait(request_id, future))
+        assert isinstance(reply, ModelsReply)
+        return reply.models[0]
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        """Cancel the running registration of ``name``; returns its status (``cancelled``)
+        once nothing of it is left. Raises ApiError (``unknown_model``: none runs)."""
+        request_id = next(self._ids)
+        future = self._call(request_id, CancelRegistration(request_id, name))
         reply = _checked(await self._wait(request_id, future))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]

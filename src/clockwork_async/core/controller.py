@@ -64,7 +64,7 @@ from .membership import (
 )
 from .placement import place
 from .policies import Policy, make_policy
-from .reservations import on_release_lane, on_reserve_lane
+from .reservations import hold_overdue, on_release_lane, on_reserve_lane
 from .results import learn_return_hop, on_action_finished
 from .scheduler import emit_wake, run_due
 from .state import CoreState
@@ -119,6 +119,8 @@ class Controller:
         if handler is None:
             raise InvalidEvent(f"not a controller event: {event!r}")
         core.now_ns = now_ns
+        if core.reservations:  # (few, only while registrations profile)
+            hold_overdue(core)
         handler(event)
 
     def schedule(self, now_ns: int) -> list[Command]:

@@ -253,6 +253,7 @@ class Reservation:
     __slots__ = (
         "earliest_ns",
         "executor",
+        "hold_ns",
         "lane",
         "pages",
         "planned_end_ns",
@@ -270,6 +271,7 @@ class Reservation:
         self.earliest_ns = 0
         self.predicted_ns = 0
         self.planned_end_ns = 0
+        self.hold_ns = 0  # past its predicted end, it is assumed to run this much longer
 
 
 class BookedBatch:

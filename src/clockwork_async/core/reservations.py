@@ -9,7 +9,11 @@ request is planned under it, so none is made late by it. Its pages count as used
 is answered by exactly one `LaneReserved` (``refused`` set when nothing was held). A
 reservation ends once: at its `ReleaseLane` (the lane re-chained from the measured end, as a
 result does), or with its executor (`ExecutorLeft` drops the whole executor state); a release
-of a reservation that is gone is ignored.
+of a reservation that is gone is ignored. A reservation holds its lane until it is released:
+one still outstanding at or past its predicted end is assumed to run its duration again
+(`hold_overdue`, before every event is handled), so the lane is never resynchronised under
+it and no work is planned where it may still be running. (Work planned behind it that still
+finds it running is refused ``too_late`` by the executor's window, and re-planned, never late.)
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from .lanes import Lane
 from .state import CoreState
 
 LANES = ("execute", "load", "")
+MIN_HOLD_NS = 1_000_000  # an overdue reservation is extended by its duration, at least this
 
 
 def on_reserve_lane(core: CoreState, event: ReserveLane) -> None:
@@ -40,6 +45,7 @@ def on_reserve_lane(core: CoreState, event: ReserveLane) -> None:
     reservation = Reservation(event.reservation_id, executor, lane, event.pages)
     reservation.earliest_ns = core.now_ns
     reservation.predicted_ns = event.duration_ns
+    reservation.hold_ns = max(MIN_HOLD_NS, event.duration_ns)
     start_ns = core.now_ns
     if lane is not None:
         start_ns = lane.start_for(core.now_ns)
@@ -65,6 +71,18 @@ def on_release_lane(core: CoreState, event: ReleaseLane) -> None:
     executor.pages_used -= reservation.pages
     core.to_fill[executor.executor_id] = executor
     core.placement_dirty = True
+
+
+def hold_overdue(core: CoreState) -> None:
+    """Every lane reservation at or past its predicted end is assumed to run its own duration
+    longer (the work behind it moves back)."""
+    now_ns = core.now_ns
+    for reservation in core.reservations.values():
+        lane, executor = reservation.lane, reservation.executor
+        if lane is None or reservation.planned_end_ns > now_ns:
+            continue
+        if core.executors.get(executor.executor_id) is executor:  # (not gone with it)
+            lane.hold(reservation, now_ns + reservation.hold_ns)
 
 
 def _refusal(executor: ExecutorState | None, event: ReserveLane) -> str:

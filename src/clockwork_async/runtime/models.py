@@ -108,7 +108,10 @@ async def register_everywhere(
         raise RegistrationError(f"cannot register {name!r}: every executor went away")
     info = infos[0]
     registered = [link for link in links if link.up and name in link.registered]
-    on_stage("profiling")
+    if registration.cached is None or {link.info.kind for link in registered} - set(
+        registration.cached.kinds
+    ):
+        on_stage("profiling")
     profile = await profile_model(
         name, info, registered, profiler, broker, now_ns, registration.cached
     )

@@ -9,8 +9,10 @@ nor is any larger one (they can only be slower); the smallest batch size is alwa
 Each LOAD and INFER runs on a lane the core reserved for it (`ReserveLane`,
 core/reservations.py), so no request is planned under it: the reservation is twice the slowest
 run seen of the same action plus 5 ms; a batch size not measured yet, linear in the rows from
-the largest one measured; the first LOAD and the first INFER, with nothing to go by, all that is
-left of ``max_profile_ns``. The wait for each reply follows its reservation (no fixed timeout).
+the largest one measured; the first LOAD and the first INFER, with nothing to go by,
+``slow_execute_ns`` (the core holds a reservation's lane past its end until it is released).
+The wait for each reply follows its reservation: twice it plus 1 s (the first LOAD and INFER:
+what is left of the cap); no fixed timeout.
 The time cap: ``max_profile_ns`` per model and kind; what is not measured by then is not
 offered (without batch 1, the registration fails). Slow models get fewer runs and batch sizes
 (`_repetitions`, `_worth_measuring`): a batch size whose first run took over
@@ -51,6 +53,8 @@ MS_NS = 1_000_000
 PROFILE_FORMAT_VERSION = 1
 RESERVE_FACTOR = 2  # a lane is reserved for twice the slowest run seen of the same action
 RESERVE_SLACK_NS = 5 * MS_NS  # plus this: a short action's noise
+REPLY_GRACE_NS = 1_000 * MS_NS  # a reply may come this long past twice its reservation
+UNLOAD_WAIT_NS = 60_000 * MS_NS  # an UNLOAD waits for the action running in its lane
 CORE_PERCENTILE = ControllerConfig().percentile  # the core's default, not a second one
 
 
@@ -177,8 +181,9 @@ def percentile_ns(samples: Sequence[int], percentile: float) -> int:
 # Builds the action to run from its window, in the executor's clock (its id already chosen).
 Build = Callable[[int, int], Message]
 # Run an action in ``lane`` ("execute", "load"; "" for UNLOAD: no lane) with the lane reserved
-# for ``reserve_ns`` (core/reservations.py): send ``build(window)``, await its reply.
-RunReserved = Callable[[str, int, Build], Awaitable[Message]]
+# for ``reserve_ns`` (core/reservations.py): send ``build(window)``, await its reply for at most
+# ``wait_ns`` (raising ProfilingError after that).
+RunReserved = Callable[[str, int, int, Build], Awaitable[Message]]
 ActionId = Callable[[], int]
 
 
@@ -202,15 +207,19 @@ class _Budget:
     def left_ns(self) -> int:
         return self.until_ns - self.target.now_ns()
 
-    def reserve_ns(self, predicted_ns: int | None) -> int:
-        """The lane time to reserve for an action predicted at ``predicted_ns`` (None: no
-        prediction yet: all that is left). Raises ProfilingError once the cap is spent."""
+    def reserve(self, predicted_ns: int | None, config: ProfilerConfig) -> tuple[int, int]:
+        """The lane time to reserve for an action predicted at ``predicted_ns`` and how long
+        to wait for its reply: twice the prediction plus `RESERVE_SLACK_NS`, and twice that
+        plus `REPLY_GRACE_NS`; with no prediction (None), ``slow_execute_ns`` (the core holds
+        the lane past it until the reply) and all that is left of the cap. Raises
+        ProfilingError once the cap is spent."""
         left_ns = self.left_ns()
         if left_ns <= 0:
             raise ProfilingError("its profiling took longer than profiler.max_profile_ns")
         if predicted_ns is None:
-            return left_ns
-        return min(left_ns, RESERVE_FACTOR * predicted_ns + RESERVE_SLACK_NS)
+            return min(left_ns, max(config.slow_execute_ns, MS_NS)), left_ns
+        reserve_ns = min(left_ns, RESERVE_FACTOR * predicted_ns + RESERVE_SLACK_NS)
+        return reserve_ns, min(left_ns, 2 * reserve_ns + REPLY_GRACE_NS)
 
 
 async def measure(
@@ -240,7 +249,8 @@ async def measure(
 
 async def _unload(target: ProfilingTarget, model: str) -> Message:
     action_id = target.next_action_id()
-    return await target.run("", 0, lambda earliest_ns, latest_ns: Unload(action_id, model))
+    wait_ns = REPLY_GRACE_NS + UNLOAD_WAIT_NS
+    return await target.run("", 0, wait_ns, lambda earliest_ns, latest_ns: Unload(action_id, model))
 
 
 async def _measure_loads(
@@ -251,10 +261,8 @@ async def _measure_loads(
         if iteration:
             await _check(await _unload(target, model), "UNLOAD")
         action_id = target.next_action_id()
-        reserve_ns = budget.reserve_ns(max(samples_ns) if samples_ns else None)
-        result = await _run(
-            target, "load", reserve_ns, partial(Load, action_id, model), "LOAD", config
-        )
+        times = budget.reserve(max(samples_ns) if samples_ns else None, config)
+        result = await _run(target, "load", times, partial(Load, action_id, model), "LOAD", config)
         samples_ns.append(_phase_ns(result, "load"))
     return samples_ns
 
@@ -278,9 +286,9 @@ async def _measure_batches(
         done = 0
         while done < sum(_repetitions(first_ns, config)):
             known_ns = max(samples_ns) if samples_ns else first_ns
-            reserve_ns = budget.reserve_ns(known_ns if known_ns is not None else guess_ns)
+            times = budget.reserve(known_ns if known_ns is not None else guess_ns, config)
             build = partial(Infer, target.next_action_id(), model, batch_size, batch)
-            result = await _run(target, "execute", reserve_ns, build, "INFER", config)
+            result = await _run(target, "execute", times, build, "INFER", config)
             measured_ns = _phase_ns(result, "execute")
             first_ns = measured_ns if first_ns is None else first_ns
             if done >= _repetitions(first_ns, config)[0]:
@@ -325,15 +333,18 @@ def _worth_measuring(guess_ns: int | None, config: ProfilerConfig, budget: _Budg
 async def _run(
     target: ProfilingTarget,
     lane: str,
-    reserve_ns: int,
+    times: tuple[int, int],
     build: Callable[[int, int], Message],
     what: str,
     config: ProfilerConfig,
 ) -> ActionResult:
+    """Run one action: its lane reserved and its reply awaited for ``times`` (`_Budget`)."""
+
     def window(earliest_ns: int, planned_start_ns: int) -> Message:
         return build(earliest_ns, planned_start_ns + config.window_ns)
 
-    return await _check(await target.run(lane, reserve_ns, window), what)
+    reserve_ns, wait_ns = times
+    return await _check(await target.run(lane, reserve_ns, wait_ns, window), what)
 
 
 async def _check(reply: Message, what: str) -> ActionResult:

@@ -124,8 +124,6 @@ async def reconcile(link: ExecutorLink, known: Mapping[str, ModelSource]) -> tup
 
 # --- profiling --------------------------------------------------------------------------------
 
-REPLY_GRACE_S = 1.0  # a profiling reply may come this long after its reservation's time
-
 
 class LaneBroker(Protocol):
     """Where lanes are reserved for profiling actions: the dispatcher, in front of the core
@@ -175,20 +173,19 @@ async def profile_model(
 
 
 def _target(link: ExecutorLink, broker: LaneBroker, now_ns: Callable[[], int]) -> ProfilingTarget:
-    async def run(lane: str, reserve_ns: int, build: Build) -> Message:
+    async def run(lane: str, reserve_ns: int, wait_ns: int, build: Build) -> Message:
+        wait_s = wait_ns / 1e9
         if not lane:  # an UNLOAD: no lane of the core's to hold
             message = build(0, 0)
-            return await link.call(message, _action_id(message))
+            return await link.call(message, _action_id(message), timeout_s=wait_s)
         reserved = broker.reserve(link.executor_id, lane, reserve_ns)
         if reserved.refused:
             raise ProfilingError(f"no {lane} lane reserved: {reserved.refused}")
         end_ns = 0
         try:
-            return_by_ns = reserved.end_ns + reserve_ns  # twice the reservation past its start
             message = build(
                 link.clock.to_executor_ns(now_ns()), link.clock.to_executor_ns(reserved.start_ns)
             )
-            wait_s = max(0, return_by_ns - now_ns()) / 1e9 + REPLY_GRACE_S
             try:
                 reply = await link.call(message, _action_id(message), timeout_s=wait_s)
             except TimeoutError:
