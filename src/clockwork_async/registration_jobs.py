@@ -164,6 +164,16 @@ class Jobs:
         it ready, and then failed retiring the old version, stays ready)."""
         if job.running:
             job.move(state, self._now_ns(), code, reason)
+            took_s = (job.ended_ns - job.started_ns) / 1e9
+            why = f": {reason}" if reason else ""
+            log.info(
+                "registration of %r version %d %s after %.1f s%s",
+                job.name,
+                job.version,
+                state,
+                took_s,
+                why,
+            )
 
     async def cancel(self, name: str, reason: str) -> Job:
         """Cancel the running job of ``name`` and return it once it has cleaned up. Raises

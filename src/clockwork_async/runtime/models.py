@@ -96,7 +96,8 @@ async def register_everywhere(
         raise RegistrationError(f"cannot register {name!r}: no executor is up")
     wait_s = profiler.max_profile_ns / 1e9  # reading a file has no prediction: the cap
     replies = await asyncio.gather(
-        *(register_on(link, name, source, wait_s) for link in links), return_exceptions=True
+        *(register_on(link, name, source, wait_s, broker) for link in links),
+        return_exceptions=True,
     )
     for reply in replies:
         if isinstance(reply, TimeoutError):

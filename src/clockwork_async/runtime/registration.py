@@ -9,8 +9,9 @@ so the join path and a registration running at the same time never register a mo
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +39,8 @@ from clockwork_async.wire.messages import (
 
 log = logging.getLogger(__name__)
 
+REGISTER_HOLD_NS = 50_000_000  # a RegisterModel's first guess: extended until it answers
+
 _GONE = frozenset({ErrorCode.NOT_LOADED.value, ErrorCode.UNKNOWN_MODEL.value})
 
 
@@ -63,18 +66,24 @@ async def call(
 
 
 async def register_on(
-    link: ExecutorLink, name: str, source: ModelSource, timeout_s: float | None = None
+    link: ExecutorLink,
+    name: str,
+    source: ModelSource,
+    timeout_s: float | None = None,
+    broker: LaneBroker | None = None,
 ) -> ModelInfo | None:
-    """Register ``name`` on ``link`` unless it is already. Returns the executor's ModelInfo
-    (None if it was registered before). Raises RegistrationError, LinkDown, TimeoutError
-    (no answer within ``timeout_s``: the profiling cap, as reading a file has no
-    prediction)."""
+    """Register ``name`` on ``link`` unless it is already, its execute lane held by
+    ``broker`` meanwhile (a backend may run the model while registering it: ONNX Runtime's
+    prepacking choice, docs/architecture.md). Returns the executor's ModelInfo (None if it
+    was registered before). Raises RegistrationError, LinkDown, TimeoutError (no answer
+    within ``timeout_s``: the profiling cap, as reading a file has no prediction)."""
     async with link.lock:
         if name in link.registered:
             return link.registered[name]
-        reply = await call(
-            link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes), timeout_s
-        )
+        with _held(broker, link.executor_id, "execute", REGISTER_HOLD_NS):
+            reply = await call(
+                link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes), timeout_s
+            )
         if isinstance(reply, ModelInfo):
             link.registered[name] = reply
             return reply
@@ -120,6 +129,18 @@ async def reconcile(link: ExecutorLink, known: Mapping[str, ModelSource]) -> tup
         except RegistrationError as error:
             log.error("%s", error)
     return tuple(name for name in state.loaded if name in link.registered)
+
+
+@contextlib.contextmanager
+def _held(broker: LaneBroker | None, executor_id: str, lane: str, hold_ns: int) -> Iterator[None]:
+    """Hold ``lane`` of an executor while the block runs (the core extends the hold past
+    ``hold_ns`` until it is released); no hold without a broker or when refused."""
+    reserved = broker.reserve(executor_id, lane, hold_ns) if broker is not None else None
+    try:
+        yield
+    finally:
+        if broker is not None and reserved is not None and not reserved.refused:
+            broker.release(executor_id, reserved.reservation_id)
 
 
 # --- profiling --------------------------------------------------------------------------------
