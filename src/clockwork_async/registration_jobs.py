@@ -142,14 +142,19 @@ class Jobs:
         self._jobs[name] = job  # newest last: the oldest final ones are dropped first
         self._trim()
         job.task = asyncio.get_running_loop().create_task(self._run(job, work))
+        job.task.add_done_callback(lambda _: self._cancelled(job))
         return job
+
+    def _cancelled(self, job: Job) -> None:
+        """A task cancelled before it began never ran `_run`: its job ends here."""
+        self._end(job, JobState.CANCELLED, "cancelled", job.cancel_reason or "cancelled")
 
     async def _run(self, job: Job, work: Work) -> None:
         try:
             async with self._slots:
                 await work(job)
         except asyncio.CancelledError:
-            self._end(job, JobState.CANCELLED, "cancelled", job.cancel_reason or "cancelled")
+            self._cancelled(job)
             return  # the job ends here: its cancel is handled
         except JobError as error:
             self._end(job, JobState.FAILED, error.code, error.reason)
