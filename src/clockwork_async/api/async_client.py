@@ -302,39 +302,28 @@ class AsyncClient:
         replace: bool = False,
         wait: bool = True,
     ) -> ModelStatus:
-        """Upload an ONNX model (a local file, read here, or its bytes) and register it as
-        ``name``; returns its status once it is registered, or with ``wait=False`` as soon as
-        its registration started (state ``registering``; watch it with `models`). With
-        ``replace``, it takes the name from the model serving under it (requests already sent
-        finish on that one). Raises ApiError (``bad_model``, ``model_exists``, ``forbidden``,
-        ``cancelled``, ...), OSError for an unreadable file, ConnectionClosedError."""
+        """Upload an ONNX model (a file, read here, or its bytes) as ``name``; returns its status
+        once registered (``wait=False``: once its job started), ``replace``: taking the name.
+        Raises ApiError (``bad_model``, ``model_exists``, ...), OSError, ConnectionClosedError."""
         data = (
             path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         )
         files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
-        request_id = next(self._ids)
         await self._drain()
-        adding = AddModel(request_id, name, files, model_toml, replace, wait)
-        future = self._call(request_id, adding)
-        reply = _checked(await self._wait(request_id, future))
+        reply = await self._request(lambda i: AddModel(i, name, files, model_toml, replace, wait))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]
 
     async def cancel_registration(self, name: str) -> ModelStatus:
-        """Cancel the running registration of ``name``; returns its status (``cancelled``)
-        once nothing of it is left. Raises ApiError (``unknown_model``: none runs)."""
-        request_id = next(self._ids)
-        future = self._call(request_id, CancelRegistration(request_id, name))
-        reply = _checked(await self._wait(request_id, future))
+        """Cancel the running registration of ``name``; returns its status once nothing of it
+        is left. Raises ApiError (``unknown_model``: none runs)."""
+        reply = await self._request(lambda i: CancelRegistration(i, name))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]
 
     async def remove_model(self, name: str) -> None:
         """Unregister ``name``. Raises ApiError (``unknown_model``, ``forbidden``, ...)."""
-        request_id = next(self._ids)
-        _checked(
-            await self._wait(request_id, self._call(request_id, RemoveModel(request_id, name)))
-        )
+        await self._request(lambda i: RemoveModel(i, name))
 
     async def stats(self) -> dict[str, Any]:
         """The daemon's stats (a JSON object). Raises ApiError, ConnectionClosedError."""
@@ -389,9 +378,9 @@ class AsyncClient:
 
     # --- internals ----------------------------------------------------------------------------
 
-    async def _request(self, cls: type[ListModels | GetStats | GetHealth]) -> _Reply:
+    async def _request(self, make: Callable[[int], Message]) -> _Reply:
         request_id = next(self._ids)
-        return _checked(await self._wait(request_id, self._call(request_id, cls(request_id))))
+        return _checked(await self._wait(request_id, self._call(request_id, make(request_id))))
 
     def _call(self, request_id: int, message: Message) -> asyncio.Future[Message]:
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
