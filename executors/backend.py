@@ -71,8 +71,15 @@ class Backend(Protocol):
     lanes: tuple[str, ...]
     arena: Arena
 
-    def register(self, name: str, path: str, batch_sizes: Sequence[int]) -> RegisteredModel:
-        """Read the model file into host memory. Raises BackendError(BAD_MODEL)."""
+    def register(
+        self,
+        name: str,
+        path: str,
+        batch_sizes: Sequence[int],
+        inputs: Sequence[TensorSpec] = (),
+    ) -> RegisteredModel:
+        """Read the model file into host memory; serve its inputs at ``inputs`` (declared
+        shapes, `validation.serving_inputs`; empty: the file's). Raises BackendError(BAD_MODEL)."""
         ...
 
     def unregister(self, model: RegisteredModel) -> None: ...

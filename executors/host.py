@@ -343,7 +343,9 @@ class ExecutorHost:
             entry = self._models[action.model] = ModelEntry(action.model)
             entry.move(_S.REGISTERING)
         try:
-            registered = self.backend.register(action.model, action.path, action.batch_sizes)
+            registered = self.backend.register(
+                action.model, action.path, action.batch_sizes, action.inputs
+            )
         except BaseException:
             with self._lock:
                 entry.move(None)

@@ -24,7 +24,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from clockwork_async.connection import TcpAddress, start_server
+from clockwork_async.connection import start_server
+from clockwork_async.wire.addresses import TcpAddress
 
 from .backend import BackendError
 from .backend_table import make_backend

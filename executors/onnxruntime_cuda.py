@@ -48,7 +48,7 @@ import numpy as np
 # The installed library, not the sibling module of the same name.
 import onnxruntime as ort
 
-from clockwork_async.wire.messages import ErrorCode
+from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from .backend import BackendError, PageRun, RegisteredModel
 from .cuda_arena import CudaUnavailable, plan_pools
@@ -153,10 +153,16 @@ class BoundOrtBackend:
 
     # Registration.
 
-    def register(self, name: str, path: str, batch_sizes: Sequence[int]) -> BoundRegistered:
+    def register(
+        self,
+        name: str,
+        path: str,
+        batch_sizes: Sequence[int],
+        inputs: Sequence[TensorSpec] = (),
+    ) -> BoundRegistered:
         """Register the model at ``path`` (`ort_cuda_register`); in "inputs" mode also create
         its one serving session. Returns the registered model. Raises BackendError(BAD_MODEL)."""
-        model = self._registrar.register(name, path, batch_sizes)
+        model = self._registrar.register(name, path, batch_sizes, inputs)
         if self.weights_mode == "inputs":
             try:
                 model.session = self._session(model.graph_path, exhaustive=True)

@@ -128,11 +128,18 @@ class BoundRegistrar:
         self.weights_mode = weights_mode
         self._register_stream = ops.new_stream()
 
-    def register(self, name: str, path: str, batch_sizes: Sequence[int]) -> BoundRegistered:
-        """Optimise, split and lay out the model at ``path``; run each batch size once.
-        Returns the registered model (no serving session yet). Raises BackendError(BAD_MODEL)."""
+    def register(
+        self,
+        name: str,
+        path: str,
+        batch_sizes: Sequence[int],
+        inputs: Sequence[TensorSpec] = (),
+    ) -> BoundRegistered:
+        """Optimise, split and lay out the model at ``path`` (its inputs at the declared
+        ``inputs`` shapes); run each batch size once. Returns the registered model (no serving
+        session yet). Raises BackendError(BAD_MODEL)."""
         source = ort_graph.read_model(path)
-        inputs, outputs = ort_graph.graph_specs(source, path)
+        inputs, outputs = ort_graph.graph_specs(source, path, inputs)
         batches = ort_graph.batch_sizes(inputs + outputs, batch_sizes, path)
         _bad_input_shape(inputs, path)
         del source

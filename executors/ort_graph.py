@@ -25,9 +25,11 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from clockwork_async.wire.dtypes import onnx_wire_name, supported_names
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 from .backend import BackendError
+from .validation import serving_inputs
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 PLACEHOLDER_NAME = "placeholder.weights"
@@ -54,28 +56,31 @@ def read_model(path: str) -> onnx.ModelProto:
 
 
 def _spec(value: onnx.ValueInfoProto, path: str) -> TensorSpec:
-    """TensorSpec of a graph input/output; unknown dims become -1. Raises BAD_MODEL."""
+    """TensorSpec of a graph input/output; unknown dims become -1. Raises BAD_MODEL for a type
+    outside the wire's table (`wire.dtypes`)."""
     tensor_type = value.type.tensor_type
-    try:
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type)
-    except (KeyError, ValueError) as error:
-        raise bad_model(path, f"tensor {value.name!r} has no numeric type") from error
-    if dtype.kind not in "fiub":
-        raise bad_model(path, f"tensor {value.name!r} has type {dtype}; only numbers are served")
+    dtype = onnx_wire_name(tensor_type.elem_type)
+    if dtype is None:
+        raise bad_model(
+            path,
+            f"tensor {value.name!r} has element type {tensor_type.elem_type}; "
+            f"served types: {supported_names()}",
+        )
     shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor_type.shape.dim)
-    return TensorSpec(value.name, dtype.name, shape)
+    return TensorSpec(value.name, dtype, shape)
 
 
 def graph_specs(
-    model: onnx.ModelProto, path: str
+    model: onnx.ModelProto, path: str, declared: Sequence[TensorSpec] = ()
 ) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
-    """(inputs, outputs) of the graph; initializers listed as inputs (IR < 4) are skipped."""
+    """(inputs, outputs) of the graph; initializers listed as inputs (IR < 4) are skipped.
+    ``declared`` input shapes replace the file's where they fit it (`serving_inputs`)."""
     initializers = {tensor.name for tensor in model.graph.initializer}
     inputs = tuple(_spec(v, path) for v in model.graph.input if v.name not in initializers)
     outputs = tuple(_spec(v, path) for v in model.graph.output)
     if not inputs or not outputs:
         raise bad_model(path, "the graph needs at least one input and one output")
-    return inputs, outputs
+    return serving_inputs(path, inputs, declared), outputs
 
 
 def batch_sizes(

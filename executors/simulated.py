@@ -164,8 +164,15 @@ class SimulatedBackend:
             raise _bad_model(f"profile file {path!r} holds {len(profiles)} profiles, not one")
         return next(iter(profiles.values()))
 
-    def register(self, name: str, path: str, batch_sizes: Sequence[int]) -> SimRegistered:
-        """A model timed by profile ``path``. Raises BackendError(BAD_MODEL)."""
+    def register(
+        self,
+        name: str,
+        path: str,
+        batch_sizes: Sequence[int],
+        inputs: Sequence[TensorSpec] = (),
+    ) -> SimRegistered:
+        """A model timed by profile ``path``. Its one input is the profile's: the shapes
+        declared for a model file (``inputs``) do not apply. Raises BackendError(BAD_MODEL)."""
         profile = self._profile(path)
         unknown = sorted(set(batch_sizes) - set(profile.batch_sizes))
         if unknown:

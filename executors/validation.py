@@ -1,18 +1,21 @@
 """Input checks of executor actions, done on arrival so a bad action never takes lane time.
 
-Invariant: every check raises `Refused` with a named ErrorCode (BAD_INPUT here) and one
-sentence naming the first problem; nothing here touches the registry, pages or a backend.
+Invariant: every check raises `Refused` with a named ErrorCode (BAD_INPUT here; declared input
+shapes at REGISTER: BackendError(BAD_MODEL), as backends raise) and one sentence naming the
+first problem; nothing here touches the registry, pages or a backend. An input whose axis 0 is
+dynamic is the batch's (its leading axis is the action's batch size); any other input (a
+scalar, a fixed shape) comes whole.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
-from .backend import RegisteredModel
+from .backend import BackendError, RegisteredModel
 
 
 class Refused(Exception):
@@ -67,16 +70,48 @@ def _check_tensor(spec: TensorSpec, batch_size: int, array: np.ndarray) -> None:
             f"input {spec.name!r} has shape {array.shape}, expected rank {len(spec.shape)} "
             f"like {spec.shape}",
         )
-    if array.shape[0] != batch_size:
+    batched = bool(spec.shape) and spec.shape[0] == -1  # else: no batch axis, sent whole
+    if batched and array.shape[0] != batch_size:
         raise Refused(
             ErrorCode.BAD_INPUT,
             f"input {spec.name!r} has leading axis {array.shape[0]}, "
             f"but the action's batch_size is {batch_size}",
         )
-    if any(
-        want not in (-1, got) for want, got in zip(spec.shape[1:], array.shape[1:], strict=True)
-    ):
+    if any(want not in (-1, got) for want, got in zip(spec.shape, array.shape, strict=True)):
         raise Refused(
             ErrorCode.BAD_INPUT,
             f"input {spec.name!r} has shape {array.shape}, expected {spec.shape} (-1: any size)",
+        )
+
+
+def serving_inputs(
+    model: str, found: Sequence[TensorSpec], declared: Sequence[TensorSpec]
+) -> tuple[TensorSpec, ...]:
+    """The input specs a RegisterModel declares (its dynamic axes set to the lengths model.toml
+    declares), checked against the file's: the same names, dtypes and ranks, and every fixed
+    axis of the file kept. Empty ``declared``: the file's. Raises BackendError(BAD_MODEL), as
+    a backend's REGISTER does."""
+    if not declared:
+        return tuple(found)
+    by_name = {spec.name: spec for spec in found}
+    if sorted(by_name) != sorted(spec.name for spec in declared):
+        raise BackendError(
+            ErrorCode.BAD_MODEL,
+            f"model {model!r}: declared inputs {sorted(s.name for s in declared)} differ from "
+            f"the file's {sorted(by_name)}",
+        )
+    for spec in declared:
+        _check_declared(model, by_name[spec.name], spec)
+    return tuple(declared)
+
+
+def _check_declared(model: str, file_spec: TensorSpec, spec: TensorSpec) -> None:
+    fits = len(spec.shape) == len(file_spec.shape) and all(
+        dim in (-1, want) for dim, want in zip(file_spec.shape, spec.shape, strict=True)
+    )
+    if spec.dtype != file_spec.dtype or not fits:
+        raise BackendError(
+            ErrorCode.BAD_MODEL,
+            f"model {model!r}: input {spec.name!r} is declared {spec.dtype} {list(spec.shape)}, "
+            f"but the file has {file_spec.dtype} {list(file_spec.shape)}",
         )

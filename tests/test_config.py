@@ -25,11 +25,11 @@ from clockwork_async.config import (
 )
 from clockwork_async.config_fields import Raw, build_section, section_keys
 from clockwork_async.config_keys import internal, nested, ranged
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.executor_link import LinkConfig
 from clockwork_async.runtime.profiler import ProfilerConfig
+from clockwork_async.wire.addresses import TcpAddress
 
 MACHINE = MachineFacts(cpus=(0, 1), memory_bytes=8 << 30)
 TOKEN_A = "a" * 32

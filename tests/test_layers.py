@@ -66,9 +66,7 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset(
     {
         # over MAX_LINES
         "clockwork_async.api.session",
-        "clockwork_async.bench",
         "clockwork_async.connection",
-        "clockwork_async.daemon",
         "clockwork_async.runtime.dispatcher",
     }
 )

@@ -20,10 +20,10 @@ from clockwork_async import config as config_module
 from clockwork_async.api.server import ServerLimits
 from clockwork_async.config import MachineFacts, load_config
 from clockwork_async.config_fields import section_keys, section_values
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
 from clockwork_async.model_info import ModelSettings
+from clockwork_async.wire.addresses import TcpAddress
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = ROOT / "packaging" / "systemd" / "clockwork-async.service"
@@ -280,3 +280,18 @@ def test_every_metric_is_documented() -> None:
     for family in registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"`{name}`" in docs, name
+
+
+def test_every_package_folder_ships_in_the_wheel() -> None:
+    """setuptools installs only the packages pyproject lists: a new sub-package left out would
+    import in the source tree and be missing from every installed daemon."""
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    source = ROOT / "src"
+    folders = {
+        ".".join(init.parent.relative_to(source).parts)
+        for init in source.glob("clockwork_async/**/__init__.py")
+    }
+    assert folders - {"clockwork_async.executors"} <= listed, sorted(folders - listed)
+    assert "clockwork_async.executors" in listed

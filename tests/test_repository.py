@@ -87,18 +87,18 @@ def test_scan_reads_tensors_and_offers_batches_when_every_tensor_has_a_batch_axi
 
 
 @pytest.mark.parametrize(
-    ("in_dims", "out_dims"),
+    ("in_dims", "out_dims", "toml"),
     [
-        ([1, 4], None),  # a fixed batch of 1
-        ([], None),  # a scalar input
-        (["N", 4], [4]),  # an output without the batch axis
-        ([2, "N", 8], None),  # recurrent state batched on the second axis
+        ([1, 4], None, None),  # a fixed batch of 1
+        ([], None, None),  # a scalar input
+        (["N", 4], [4], None),  # an output without the batch axis
+        ([2, "N", 8], None, "[inputs.x.axes]\nN = [5]"),  # state batched on the second axis
     ],
 )
 def test_a_tensor_without_a_leading_batch_axis_means_batch_1_only(
-    root: Path, in_dims: Dims, out_dims: Dims | None
+    root: Path, in_dims: Dims, out_dims: Dims | None, toml: str | None
 ) -> None:
-    write_folder(root, "m", onnx_bytes(in_dims, out_dims))
+    write_folder(root, "m", onnx_bytes(in_dims, out_dims), toml)
     (entry,) = Repository(root).scan()
     assert entry.batch_sizes == (1,)
 
@@ -114,7 +114,7 @@ sim_profile = "resnet50-v100"
 [[inputs]]
 name = "x"
 dtype = "float32"
-shape = [2, -1, 8]
+shape = [2, 5, 8]
 """
     write_folder(root, "rnn", onnx_bytes([2, "N", 8]), toml)
     (entry,) = Repository(root).scan()
@@ -124,7 +124,7 @@ shape = [2, -1, 8]
     assert entry.group == "rnn-family"
     assert entry.default_slo_ns == 25_500_000
     assert entry.sim_profile == "resnet50-v100"
-    assert entry.inputs == (TensorSpec("x", "float32", (2, -1, 8)),)
+    assert entry.inputs == (TensorSpec("x", "float32", (2, 5, 8)),)
 
 
 def test_simulated_executors_run_a_model_as_tiny_sim_unless_it_says_otherwise(root: Path) -> None:

@@ -28,7 +28,7 @@ from clockwork_async.client import (
     InferResult,
     ModelStatus,
 )
-from clockwork_async.wire.codec import WIRE_DTYPES
+from clockwork_async.wire.dtypes import WIRE_DTYPES, random_values, request_shape
 from clockwork_async.wire.messages import TensorSpec
 
 TOKEN_ENV = "CLOCKWORK_ASYNC_TOKEN"
@@ -136,24 +136,15 @@ def find_model(models: list[ModelStatus], name: str) -> ModelStatus:
 
 
 def random_inputs(specs: tuple[TensorSpec, ...], rng: np.random.Generator) -> dict[str, Any]:
-    """One random row per input: the declared shape with every dynamic axis (and the batch
-    axis) set to 1. Raises ClientError for a dtype the wire cannot carry."""
+    """One random request value per input (`wire.dtypes.request_shape`; an axis of any length
+    is 1). Raises ClientError for a dtype the wire cannot carry."""
     inputs: dict[str, np.ndarray] = {}
     for spec in specs:
-        dtype = WIRE_DTYPES.get(spec.dtype)
-        if dtype is None:
+        if spec.dtype not in WIRE_DTYPES:
             raise ClientError(f"input {spec.name!r} has dtype {spec.dtype!r}; use --input")
-        shape = tuple(1 if axis == 0 or dim < 0 else dim for axis, dim in enumerate(spec.shape))
-        inputs[spec.name] = _random_array(rng, shape, dtype)
+        shape = tuple(max(dim, 1) for dim in request_shape(spec.shape))
+        inputs[spec.name] = random_values(rng, shape, spec.dtype)
     return inputs
-
-
-def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Any:
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.random(shape) < 0.5
-    return rng.integers(0, 10, shape).astype(dtype)
 
 
 def write_outputs(outputs: Mapping[str, np.ndarray], directory: Path) -> list[Path]:

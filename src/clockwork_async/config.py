@@ -35,10 +35,10 @@ from clockwork_async.config_fields import (
     section_values,
 )
 from clockwork_async.config_keys import RANGE, nested, ranged, secret
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.runtime.executor_link import LinkConfig
 from clockwork_async.runtime.profiler import ProfilerConfig
+from clockwork_async.wire.addresses import TcpAddress
 
 __all__ = ["ConfigError", "DaemonConfig", "TcpAddress", "load_config"]
 

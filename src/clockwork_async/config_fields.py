@@ -31,8 +31,8 @@ from clockwork_async.config_keys import (
     ranged,
     secret,
 )
-from clockwork_async.connection import TcpAddress
 from clockwork_async.core.config import ConfigError
+from clockwork_async.wire.addresses import TcpAddress
 
 # ConfigError and TcpAddress are defined where the lowest layer using them can import them;
 # they are re-exported here for the config's users.

@@ -1,5 +1,8 @@
 """`clockwork-async serve`: the daemon. Starts, serves, drains; signals, systemd, watchdog.
 
+One idea: the daemon's lifecycle, its start order and its ending; how each part is built from
+the config is `daemon_setup`'s.
+
 Start order: the ports first (the client API's address bound, not yet accepting; the metrics
 endpoint serving, its ``/readyz`` answering 503 with the phase), so a busy port fails the start
 before any executor is spawned -> executors up and attached -> repository models registered
@@ -12,8 +15,8 @@ second signal skips the drain (everything left is answered ``shutting_down`` at 
 executors are killed) and it returns 1. SIGHUP rescans the model repository.
 
 Before the executors start, the daemon pins its event loop's thread (the controller) to one
-CPU no local executor is pinned to (``server.pin_controller``); executors without ``cpus`` get
-every CPU the daemon had, so they do not inherit that pin.
+CPU no local executor is pinned to (``server.pin_controller``, `daemon_setup.ControllerPlacement`);
+executors without ``cpus`` get every CPU the daemon had, so they do not inherit that pin.
 
 Invariants: the lifecycle is explicit (STARTING -> SERVING -> DRAINING -> STOPPED, or
 STARTING -> DRAINING when stopped while starting) with one guarded transition; the daemon waits
@@ -43,15 +46,15 @@ from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
-from clockwork_async.connection import TcpAddress
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import Driver
 from clockwork_async.runtime.executor_link import LinkError
-from clockwork_async.runtime.supervisor import Supervisor, SupervisorError, pin_controller
+from clockwork_async.runtime.supervisor import Supervisor, SupervisorError
 from clockwork_async.service_impl import DaemonService
 from clockwork_async.systemd import Notifier
+from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.daemon")
 
@@ -112,14 +115,18 @@ class Daemon:
         self.endpoint: HttpEndpoint | None = None
         self.api_address = ""
         self.metrics_address = ""
-        self.controller_cpu: int | None = None  # where the controller is pinned, if it is
-        self._affinity_before: set[int] | None = None
+        self.placement = setup.ControllerPlacement(config)
         self._phase = "starting"  # why not ready while STARTING (/readyz, STATUS=)
         self._status_sent = ""
 
     @property
     def state(self) -> DaemonState:
         return self._state
+
+    @property
+    def controller_cpu(self) -> int | None:
+        """Where the controller's loop thread is pinned, if it is."""
+        return self.placement.cpu
 
     def _enter(self, state: DaemonState) -> None:
         if state not in _TRANSITIONS[self._state]:
@@ -148,7 +155,7 @@ class Daemon:
             raise
         finally:
             self._restore_signals(previous)
-            self._unpin()
+            self.placement.unpin()
             self._notifier.close()
         return EXIT_FORCED if self._force.is_set() else status
 
@@ -219,8 +226,9 @@ class Daemon:
         await self._start_metrics()
         self._enter_phase("starting executors")
         unpinned_cpus = tuple(sorted(os.sched_getaffinity(0)))
-        self._pin_controller(unpinned_cpus)
-        self._start_busy_poll()
+        self.placement.pin(unpinned_cpus)
+        if window_ns := self.placement.busy_poll_window_ns():
+            self.driver.busy_poll(window_ns)
         await self._start_executors(unpinned_cpus if self.controller_cpu is not None else ())
         self._enter_phase("registering models")
         await self._register_models(repository)
@@ -232,49 +240,6 @@ class Daemon:
         """A step of the start: ``/readyz`` and systemd's ``STATUS=`` say it."""
         self._phase = phase
         self._notifier.status(phase)
-
-    def _pin_controller(self, cpus: tuple[int, ...]) -> None:
-        """Pin the loop's thread to a CPU no local executor is pinned to, if configured."""
-        if not self.config.server.pin_controller:
-            return
-        before = os.sched_getaffinity(0)
-        try:
-            cpu = pin_controller(cpus, taken=setup.pinned_executor_cpus(self.config))
-        except OSError as error:
-            log.warning("the controller is not pinned: %s", error)
-            return
-        self._affinity_before, self.controller_cpu = before, cpu
-        log.info("controller pinned to CPU %d", cpu)
-
-    def _start_busy_poll(self) -> None:
-        """Busy-poll ``server.busy_poll_us`` after work, if the controller has a CPU of its
-        own: polling uses the CPU it runs on."""
-        window_us = self.config.server.busy_poll_us
-        if not window_us:
-            return
-        why_not = self._shared_controller_cpu()
-        if why_not:
-            log.info("busy polling off: %s", why_not)
-            return
-        self.driver.busy_poll(round(window_us * 1000))
-        log.info("busy polling %.0f us after work", window_us)
-
-    def _shared_controller_cpu(self) -> str:
-        """Why the controller's CPU may not be its own ("" when it is)."""
-        cpu = self.controller_cpu
-        if cpu is None:
-            return "the controller is not pinned"
-        if cpu in setup.pinned_executor_cpus(self.config):
-            return f"the controller shares CPU {cpu} with an executor"
-        if not all(executor.cpus for executor in setup.local_executors(self.config)):
-            return "a local executor without cpus may run on the controller's CPU"
-        return ""
-
-    def _unpin(self) -> None:
-        if self._affinity_before is not None:
-            with contextlib.suppress(OSError):
-                os.sched_setaffinity(0, self._affinity_before)
-            self._affinity_before = None
 
     async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
         specs = setup.executor_specs(self.config, unpinned_cpus, self.controller_cpu)

@@ -1,14 +1,18 @@
 """How the daemon's parts are built from its frozen `DaemonConfig`: executor specs, runtime
-timing, model registration, the embedded demo repository and the metrics' live view.
+timing, model registration, the embedded demo repository, the metrics' live view, and where
+the controller's loop thread runs (`ControllerPlacement`).
 
 Pure mapping where it can be (config in, runtime dataclasses out); the only I/O is
-`seed_demo_models` (files, called from a worker thread). Invariant: what the daemon cannot
+`seed_demo_models` (files, called from a worker thread) and `ControllerPlacement` (the
+process's CPU affinity). Invariant: what the daemon cannot
 serve from a config it refuses here, at start, with a `ConfigError` naming the key.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from clockwork_async.profile_cache import ProfileCache, machine_key
 from clockwork_async.repository import ModelEntry, Repository
 from clockwork_async.runtime.driver import RuntimeConfig
 from clockwork_async.runtime.snapshot import DriverSnapshot
-from clockwork_async.runtime.supervisor import ExecutorSpec, SupervisorConfig
+from clockwork_async.runtime.supervisor import ExecutorSpec, SupervisorConfig, pin_controller
 from clockwork_async.service_impl import Registration
 
 log = logging.getLogger(__name__)
@@ -170,3 +174,55 @@ def snapshot_source(
     snapshot: Callable[[], DriverSnapshot], connections: Callable[[], int]
 ) -> Callable[[], LiveSnapshot]:
     return lambda: live_snapshot(snapshot(), connections())
+
+
+class ControllerPlacement:
+    """Where the controller's loop thread runs: pinned (``server.pin_controller``) to a CPU no
+    local executor is pinned to, and busy-polling (``server.busy_poll_us``) only where that CPU
+    is its own. `unpin` restores the affinity the process had before `pin`."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        self.config = config
+        self.cpu: int | None = None  # where the controller is pinned, if it is
+        self._affinity_before: set[int] | None = None
+
+    def pin(self, cpus: tuple[int, ...]) -> None:
+        """Pin the calling thread to one of ``cpus``, if configured; a refusal is logged."""
+        if not self.config.server.pin_controller:
+            return
+        before = os.sched_getaffinity(0)
+        try:
+            cpu = pin_controller(cpus, taken=pinned_executor_cpus(self.config))
+        except OSError as error:
+            log.warning("the controller is not pinned: %s", error)
+            return
+        self._affinity_before, self.cpu = before, cpu
+        log.info("controller pinned to CPU %d", cpu)
+
+    def busy_poll_window_ns(self) -> int:
+        """How long to busy-poll after work: ``server.busy_poll_us``, or 0 (with the reason
+        logged) when the controller's CPU may not be its own: polling uses the CPU it runs on."""
+        window_us = self.config.server.busy_poll_us
+        if not window_us:
+            return 0
+        if why_not := self._shared_cpu():
+            log.info("busy polling off: %s", why_not)
+            return 0
+        log.info("busy polling %.0f us after work", window_us)
+        return round(window_us * 1000)
+
+    def _shared_cpu(self) -> str:
+        """Why the controller's CPU may not be its own ("" when it is)."""
+        if self.cpu is None:
+            return "the controller is not pinned"
+        if self.cpu in pinned_executor_cpus(self.config):
+            return f"the controller shares CPU {self.cpu} with an executor"
+        if not all(executor.cpus for executor in local_executors(self.config)):
+            return "a local executor without cpus may run on the controller's CPU"
+        return ""
+
+    def unpin(self) -> None:
+        if self._affinity_before is not None:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self._affinity_before)
+            self._affinity_before = None

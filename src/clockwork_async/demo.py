@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.wire.dtypes import batch_shape, random_values
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
     ActionResult,
@@ -290,12 +291,11 @@ async def say_hello(
 def random_inputs(
     specs: Sequence[TensorSpec], batch_size: int, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Seeded random inputs for ``specs`` (leading -1 = the batch, other -1 = 1)."""
+    """Seeded random inputs for ``specs`` (leading -1 = the batch, other -1 = 1; an input
+    without a batch axis whole)."""
     rng = np.random.default_rng(seed)
     return {
-        spec.name: rng.standard_normal(
-            (batch_size, *(1 if dim == -1 else dim for dim in spec.shape[1:]))
-        ).astype(spec.dtype)
+        spec.name: random_values(rng, batch_shape(spec.shape, batch_size), spec.dtype)
         for spec in specs
     }
 

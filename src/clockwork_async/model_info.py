@@ -3,7 +3,9 @@ its optional ``model.toml``. Pure: bytes in, a ``ModelInfo`` out; no file is ope
 
 Invariants: an ONNX model that refers to external data is refused (the runtime would open paths
 the file names); batch sizes are inferred conservatively: only a model whose every input and
-output has a leading dynamic axis is offered sizes above 1, unless model.toml declares them.
+output has a leading dynamic axis is offered sizes above 1, unless model.toml declares them;
+every tensor has a type the wire carries (`wire.dtypes`); every dynamic input axis but the batch
+is declared (`model_axes`), so ``ModelInfo.inputs`` have no dynamic axis besides axis 0.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import external_data_helper
 
 from clockwork_async.config_fields import ConfigError, Raw, build_section, ranged
+from clockwork_async.model_axes import AxisDeclaration, AxisError, resolve_axes
 from clockwork_async.sim.profiles import BUILTIN_PROFILES, TINY_SIM
+from clockwork_async.wire.dtypes import WIRE_DTYPES, onnx_wire_name, supported_names
 from clockwork_async.wire.messages import TensorSpec
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
@@ -64,6 +67,7 @@ class ModelInfo:
     copies: int
     group: str
     sim_profile: str = DEFAULT_SIM_PROFILE
+    axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
     default_slo_declared: bool = False  # model.toml set default_slo_ms (else it may be derived)
 
 
@@ -71,7 +75,7 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
     """Validate model ``name``'s files; raises InvalidModel saying what is wrong."""
     model = _parse_onnx(name, onnx_bytes)
     settings, declared = _parse_toml(name, toml_bytes)
-    inputs = _tensors(name, "input", model, declared.get("inputs"))
+    inputs, axes = _inputs(name, model, declared.get("inputs"))
     outputs = _tensors(name, "output", model, declared.get("outputs"))
     return ModelInfo(
         inputs=inputs,
@@ -82,6 +86,7 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
         copies=settings.copies,
         group=settings.group or name,
         sim_profile=settings.sim_profile,
+        axes=axes,
         default_slo_declared=_declares(toml_bytes, "default_slo_ms"),
     )
 
@@ -89,6 +94,48 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
 def _declares(toml_bytes: bytes | None, key: str) -> bool:
     """Whether a model.toml (valid: `_parse_toml` read it first) sets ``key``."""
     return toml_bytes is not None and key in tomllib.loads(toml_bytes.decode("utf-8"))
+
+
+def _inputs(
+    name: str, model: onnx.ModelProto, declared: Any
+) -> tuple[tuple[TensorSpec, ...], tuple[AxisDeclaration, ...]]:
+    """The inputs at the shapes they are served at, and the declared axes. ``declared`` is
+    model.toml's ``inputs``: an array of tensor tables (``[[inputs]]``, shapes given in full)
+    or a table of per-input settings (``[inputs.NAME.axes]``). Raises InvalidModel."""
+    if isinstance(declared, list):
+        specs = _tensors(name, "input", model, declared)
+        _check_given_lengths(name, specs)
+        return specs, ()
+    tables = declared if declared is not None else {}
+    if not isinstance(tables, dict):
+        raise InvalidModel(f"model {name!r}: {TOML_FILE} inputs must be tables")
+    try:
+        return resolve_axes(name, _graph_tensors(name, "input", model), _axis_keys(model), tables)
+    except AxisError as error:
+        raise InvalidModel(str(error)) from None
+
+
+def _check_given_lengths(name: str, specs: Iterable[TensorSpec]) -> None:
+    """``[[inputs]]`` give whole shapes: a dynamic axis besides the batch needs its length."""
+    for spec in specs:
+        if -1 in spec.shape[1:]:
+            axis = spec.shape.index(-1, 1)
+            raise InvalidModel(
+                f"model {name!r}: [[inputs]] {spec.name!r} {list(spec.shape)} has a dynamic "
+                f"axis {axis} besides the batch; give its length in the shape"
+            )
+
+
+def _axis_keys(model: onnx.ModelProto) -> dict[str, dict[int, str]]:
+    """Per graph input, each dynamic axis's key: its dim name in the file, else its index."""
+    return {
+        value.name: {
+            axis: dim.dim_param or str(axis)
+            for axis, dim in enumerate(value.type.tensor_type.shape.dim)
+            if not dim.HasField("dim_value")
+        }
+        for value in model.graph.input
+    }
 
 
 def _parse_onnx(name: str, data: bytes) -> onnx.ModelProto:
@@ -192,10 +239,13 @@ def _tensor_spec(name: str, kind: str, value: onnx.ValueInfoProto) -> TensorSpec
     tensor = value.type.tensor_type
     if not tensor.HasField("shape"):
         raise InvalidModel(f"{what} has no shape in the file; declare it in {TOML_FILE}")
-    try:
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type)).name
-    except (KeyError, TypeError, ValueError):
-        raise InvalidModel(f"{what} has an unsupported element type {tensor.elem_type}") from None
+    dtype = onnx_wire_name(tensor.elem_type)
+    if dtype is None:
+        names = {number: text for text, number in onnx.TensorProto.DataType.items()}
+        kind = names.get(tensor.elem_type, str(tensor.elem_type))
+        raise InvalidModel(
+            f"{what} has element type {kind}, which is not served (types: {supported_names()})"
+        )
     shape = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim)
     return TensorSpec(value.name, dtype, shape)
 
@@ -211,10 +261,11 @@ def _declared_tensors(name: str, kind: str, declared: Any) -> tuple[TensorSpec, 
         shape = table["shape"]
         if not isinstance(shape, list) or not all(_is_dim(d) for d in shape):
             raise InvalidModel(f"{where} {table['name']!r}: shape must be integers >= 1 or -1")
-        try:
-            dtype = np.dtype(table["dtype"]).name
-        except TypeError:
-            raise InvalidModel(f"{where} {table['name']!r}: unknown dtype") from None
+        dtype = table["dtype"]
+        if dtype not in WIRE_DTYPES:
+            raise InvalidModel(
+                f"{where} {table['name']!r}: dtype {dtype!r} is not one of {supported_names()}"
+            )
         specs.append(TensorSpec(str(table["name"]), dtype, tuple(shape)))
     return tuple(specs)
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from clockwork_async.model_axes import AxisDeclaration
 from clockwork_async.model_info import (
     DEFAULT_SIM_PROFILE,
     MODEL_NAME,
@@ -105,8 +106,18 @@ class ModelEntry:
     copies: int
     group: str
     sim_profile: str = DEFAULT_SIM_PROFILE  # what simulated executors run it as
+    axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
     default_slo_declared: bool = False  # in model.toml; else derived from its speed if slow
     version: int = 1  # 1, then one more at each replace (the folder's ``version`` file)
+
+    @property
+    def profile_key(self) -> str:
+        """What its profiles are cached by: the file's hash, mixed with the declared input
+        shapes where model.toml declares axes (a profile at one length says nothing of another)."""
+        if not self.axes:
+            return self.sha256
+        shapes = repr([(spec.name, spec.shape) for spec in self.inputs])
+        return hashlib.sha256(f"{self.sha256} {shapes}".encode()).hexdigest()
 
     @property
     def instances(self) -> tuple[str, ...]:

@@ -184,7 +184,8 @@ class DaemonService:
         in one step (`_switch`). Raises ServiceError (with ``wait``: why the job failed)."""
         async with self._lock:
             self._check_not_instance(name)
-            self._check_not_registering(name)
+            if (running := self._jobs.running(name)) is not None:
+                raise ServiceError(ApiCode.MODEL_EXISTS, running.busy_message())
             old = self._served.get(name)
             if not replace:
                 await self._check_name_free(name, old)
@@ -222,24 +223,17 @@ class DaemonService:
             raise
         await self._retire(retired)
 
-    def _check_not_registering(self, name: str) -> None:
-        if (job := self._jobs.running(name)) is not None:
-            raise ServiceError(ApiCode.MODEL_EXISTS, job.busy_message())
-
     async def cancel_registration(self, name: str) -> ModelStatus:
         """Cancel the running registration of ``name``; returns its job's status once nothing
         of it is left on any executor. Raises ServiceError (``unknown_model``)."""
         try:
-            job = await self._jobs.cancel(name, "cancelled by a client")
+            return job_status(await self._jobs.cancel(name, "cancelled by a client"))
         except KeyError:
-            raise ServiceError(
-                ApiCode.UNKNOWN_MODEL, f"no registration of {name!r} is running"
-            ) from None
-        return job_status(job)
+            why = f"no registration of {name!r} is running"
+            raise ServiceError(ApiCode.UNKNOWN_MODEL, why) from None
 
     async def cancel_registrations(self, reason: str) -> None:
-        """Cancel every running registration (the daemon is stopping); returns once each
-        has cleaned up."""
+        """Cancel every running registration (a stop); returns once each has cleaned up."""
         await self._jobs.cancel_all(reason)
 
     @contextlib.asynccontextmanager
@@ -456,6 +450,7 @@ class DaemonService:
                 group=entry.group,
                 default_slo_ns=entry.default_slo_ns,
                 profile=profile,
+                inputs=entry.inputs if entry.axes else (),  # declared lengths, if any
                 derive_slo=not entry.default_slo_declared,
                 on_stage=on_stage,
             )
@@ -474,12 +469,14 @@ class DaemonService:
 
     def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
         machine = self._registration.machine_for(entry)
-        return self._registration.cache.get(entry.sha256, machine, RegistrationProfile.from_json)
+        return self._registration.cache.get(
+            entry.profile_key, machine, RegistrationProfile.from_json
+        )
 
     def _store_profile(self, entry: ModelEntry, profile: RegistrationProfile) -> None:
         machine = self._registration.machine_for(entry)
         try:
-            self._registration.cache.put(entry.sha256, machine, profile.to_json())
+            self._registration.cache.put(entry.profile_key, machine, profile.to_json())
         except OSError as error:
             log.warning("profile of %r not cached: %s", entry.name, error)
 

@@ -121,7 +121,7 @@ async def test_a_controller_that_may_share_its_cpu_does_not_busy_poll(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     add_tiny(tmp_path / "models")
-    caplog.set_level(logging.INFO, logger="clockwork_async.daemon")
+    caplog.set_level(logging.INFO, logger="clockwork_async")
     for settings in ({}, {"server.pin_controller": "false"}):  # an unpinned executor; no pin
         caplog.clear()
         daemon = sim_daemon(tmp_path, **settings)

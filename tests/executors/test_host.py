@@ -5,6 +5,7 @@ simulated backend alone: test_simulated.py.)"""
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -12,12 +13,12 @@ from collections.abc import Callable, Iterator, Mapping
 import numpy as np
 import pytest
 from clockwork_async.executors.arena import CountingArena
-from clockwork_async.executors.backend import LoadedModel
+from clockwork_async.executors.backend import BackendError, LoadedModel
 from clockwork_async.executors.host import ExecutorHost
 from clockwork_async.executors.model_entry import InvalidTransition, ModelEntry, ModelState
 from clockwork_async.executors.pages import PageCache
 from clockwork_async.executors.simulated import SimRegistered, SimulatedBackend
-from clockwork_async.executors.validation import Refused, validate_inputs
+from clockwork_async.executors.validation import Refused, serving_inputs, validate_inputs
 
 from clockwork_async.lane_rules import UNLOAD_WAIT_NS
 from clockwork_async.sim.profiles import TINY_SIM
@@ -227,6 +228,32 @@ def test_bad_inputs_are_named(
 
 def test_good_inputs_pass_validation() -> None:
     validate_inputs(_model(), 2, {"x": np.zeros((2, 3, 2), np.float32)})
+
+
+def test_an_input_without_a_batch_axis_comes_whole() -> None:
+    specs = (TensorSpec("scale", "float32", ()), TensorSpec("table", "bool", (3, 2)))
+    model = SimRegistered("m", 0, (), specs, (), (1,), TINY_SIM)
+    whole = {"scale": np.array(2.0, np.float32), "table": np.zeros((3, 2), bool)}
+    validate_inputs(model, 1, whole)
+    with pytest.raises(Refused, match=r"'table' has shape \(1, 2\), expected \(3, 2\)"):
+        validate_inputs(model, 1, {**whole, "table": np.zeros((1, 2), bool)})
+    with pytest.raises(Refused, match="'scale' has shape \\(1,\\), expected rank 0"):
+        validate_inputs(model, 1, {**whole, "scale": np.ones(1, np.float32)})
+
+
+def test_declared_input_shapes_must_fit_the_file() -> None:
+    found = (TensorSpec("ids", "int64", (-1, -1)), TensorSpec("s", "float32", ()))
+    declared = (TensorSpec("ids", "int64", (-1, 12)), TensorSpec("s", "float32", ()))
+    assert serving_inputs("m", found, ()) == found
+    assert serving_inputs("m", found, declared) == declared
+    for wrong, says in [
+        ((declared[0],), "declared inputs ['ids'] differ from the file's ['ids', 's']"),
+        ((TensorSpec("ids", "int32", (-1, 12)), declared[1]), "declared int32 [-1, 12]"),
+        ((declared[0], TensorSpec("s", "float32", (1,))), "but the file has float32 []"),
+    ]:
+        with pytest.raises(BackendError, match=re.escape(says)) as caught:
+            serving_inputs("m", found, wrong)
+        assert caught.value.code is ErrorCode.BAD_MODEL
 
 
 def test_bad_input_is_answered_and_the_host_serves_on(driver: Driver) -> None:

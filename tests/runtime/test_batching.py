@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clockwork_async.runtime.batching import BadInput, assemble_batch, output_rows, validate_request
+from clockwork_async.runtime.batching import (
+    BadInput,
+    assemble_batch,
+    output_rows,
+    validate_request,
+    zero_batch,
+)
 from clockwork_async.wire.messages import TensorSpec
 
 SPECS = (TensorSpec("x", "float32", (-1, 3)), TensorSpec("ids", "int64", (-1,)))
@@ -31,7 +37,7 @@ def test_a_valid_row_passes() -> None:
         ({"x": np.zeros((1, 3), np.float64), "ids": np.zeros(1, np.int64)}, "dtype float64"),
         ({"x": np.zeros((2, 3), np.float32), "ids": np.zeros(1, np.int64)}, "axis 0"),
         ({"x": np.zeros((1, 4), np.float32), "ids": np.zeros(1, np.int64)}, "axis 1"),
-        ({"x": np.zeros((3,), np.float32), "ids": np.zeros(1, np.int64)}, "one row like"),
+        ({"x": np.zeros((3,), np.float32), "ids": np.zeros(1, np.int64)}, r"expected \(1, 3\)"),
         ({"x": np.zeros((1, 3), np.float32), "ids": np.int64(3)}, "not a numpy array"),
     ],
 )
@@ -51,6 +57,45 @@ def test_dynamic_inner_axis_only_at_batch_one() -> None:
 def test_fixed_batch_one_model() -> None:
     specs = (TensorSpec("x", "float32", (1, 2)),)
     validate_request("m", specs, (1,), {"x": np.zeros((1, 2), np.float32)})
+
+
+def test_a_tensor_without_a_batch_axis_is_sent_whole() -> None:
+    specs = (TensorSpec("scale", "float32", ()), TensorSpec("table", "int8", (3, 2)))
+    whole = {"scale": np.array(2.0, np.float32), "table": np.zeros((3, 2), np.int8)}
+    validate_request("m", specs, (1,), whole)
+    with pytest.raises(BadInput, match=r"input 'scale' has shape \(1,\), expected a scalar"):
+        validate_request("m", specs, (1,), {**whole, "scale": np.ones(1, np.float32)})
+    with pytest.raises(BadInput, match=r"'table' has shape \(1, 2\), expected \(3, 2\)"):
+        validate_request("m", specs, (1,), {**whole, "table": np.zeros((1, 2), np.int8)})
+    assert assemble_batch(specs, [whole], 1)["scale"] is whole["scale"]
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int8", "uint8", "int16", "int32", "float16"])
+def test_every_dtype_is_checked_by_name(dtype: str) -> None:
+    specs = (TensorSpec("v", dtype, (-1, 2)),)
+    validate_request("m", specs, (1, 2), {"v": np.zeros((1, 2), dtype)})
+    with pytest.raises(BadInput, match=f"input 'v' has dtype float64, expected {dtype}"):
+        validate_request("m", specs, (1, 2), {"v": np.zeros((1, 2), np.float64)})
+
+
+def test_a_declared_length_is_named_when_a_request_has_another() -> None:
+    specs = (TensorSpec("audio", "float32", (-1, 512)),)
+    with pytest.raises(BadInput, match=r"expected \(1, 512\) \(axis 1 takes only 512, got 300\)"):
+        validate_request("m", specs, (1, 2), {"audio": np.zeros((1, 300), np.float32)})
+
+
+def test_zero_batch_keeps_fixed_shapes_and_scalars() -> None:
+    specs = (
+        TensorSpec("x", "float32", (-1, 4, -1)),
+        TensorSpec("s", "int64", ()),
+        TensorSpec("flag", "bool", (2,)),
+    )
+    batch = zero_batch(specs, 3)
+    assert {n: (a.shape, a.dtype.name) for n, a in batch.items()} == {
+        "x": ((3, 4, 1), "float32"),
+        "s": ((), "int64"),
+        "flag": ((2,), "bool"),
+    }
 
 
 def test_assemble_stacks_in_order_and_pads_with_last_row() -> None:

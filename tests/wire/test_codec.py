@@ -75,6 +75,7 @@ SAMPLES: list[Message] = [
     ActionResult(8, code=ErrorCode.NOT_LOADED.value, message="no such model"),
     ModelInfo(9, "mlp", 1000, 1, (TensorSpec("x", "float32", (-1, 784)),), (), (1, 2)),
     State(10, 4096, 8, 8, ("a", "b"), ()),
+    RegisterModel(11, "seq", "/models/seq.onnx", (), (TensorSpec("ids", "int64", (-1, 12)),)),
 ]
 
 

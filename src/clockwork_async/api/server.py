@@ -45,11 +45,9 @@ from clockwork_async.connection import (
     Connection,
     ConnectionClosed,
     ConnectionState,
-    TcpAddress,
-    UnixAddress,
-    parse_address,
     start_server,
 )
+from clockwork_async.wire.addresses import TcpAddress, UnixAddress, parse_address
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,

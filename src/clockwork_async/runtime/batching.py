@@ -9,7 +9,9 @@ rows.
 
 Invariants: ``validate_request`` accepts exactly what ``assemble_batch`` can stack; a model with
 a dynamic axis other than the batch axis accepts requests only if it runs at batch 1 alone
-(rows of different lengths cannot be stacked).
+(rows of different lengths cannot be stacked); a model.toml declares such axes, so a model from
+the repository has none. A tensor without a batch axis (a scalar, or a fixed shape whose axis 0
+is not dynamic) is sent whole: its model runs at batch 1 only (`model_info`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from clockwork_async.wire.dtypes import batch_shape, request_shape
 from clockwork_async.wire.messages import TensorSpec
 
 
@@ -58,21 +61,32 @@ def _check_row(model: str, spec: TensorSpec, batch_sizes: Sequence[int], value: 
         raise BadInput(f"input {spec.name!r} is a {type(value).__name__}, not a numpy array")
     if value.dtype != _dtype(spec.dtype):
         raise BadInput(f"input {spec.name!r} has dtype {value.dtype}, expected {spec.dtype}")
-    want = (1, *spec.shape[1:]) if spec.shape else ()
-    if value.ndim != len(want) or not spec.shape:
+    want = request_shape(spec.shape)
+    if value.ndim != len(want):
         raise BadInput(
-            f"input {spec.name!r} has shape {value.shape}, expected one row like {want} "
-            f"(model {model!r} declares {spec.shape})"
+            f"input {spec.name!r} has shape {value.shape}, expected {_shape_text(want)} "
+            f"(model {model!r} declares {list(spec.shape)})"
         )
     for axis, (expected, got) in enumerate(zip(want, value.shape, strict=True)):
         if expected == got:
             continue
         if expected == -1 and tuple(batch_sizes) == (1,):
-            continue  # a dynamic non-batch axis: fine when rows are never stacked
+            continue  # an undeclared dynamic axis: fine when rows are never stacked
         raise BadInput(
-            f"input {spec.name!r} has shape {value.shape}, expected one row like {want} "
-            f"(axis {axis}: {got} != {expected})"
+            f"input {spec.name!r} has shape {value.shape}, expected {_shape_text(want)} "
+            f"(axis {axis} takes {_length_text(expected)}, got {got})"
         )
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    """``(1, 512)``, ``()`` for a scalar; ``any`` marks an axis of any length."""
+    if not shape:
+        return "a scalar, shape ()"
+    return "(" + ", ".join("any" if dim == -1 else str(dim) for dim in shape) + ")"
+
+
+def _length_text(length: int) -> str:
+    return "the same length for every request of a batch" if length == -1 else f"only {length}"
 
 
 def assemble_batch(
@@ -122,12 +136,11 @@ def output_rows(
 
 
 def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.ndarray]:
-    """Zeros shaped like each input at ``batch_size`` (other dynamic axes: 1)."""
+    """Zeros shaped like each input at ``batch_size``: the batch axis (a dynamic axis 0) is
+    ``batch_size``, every other axis its declared length (an undeclared one: 1); a tensor
+    without a batch axis keeps its shape (a scalar stays 0-d)."""
     return {
-        spec.name: np.zeros(
-            (batch_size, *(d if d > 0 else 1 for d in spec.shape[1:])), dtype=spec.dtype
-        )
-        for spec in specs
+        spec.name: np.zeros(batch_shape(spec.shape, batch_size), dtype=spec.dtype) for spec in specs
     }
 
 

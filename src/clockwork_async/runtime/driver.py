@@ -44,6 +44,7 @@ from clockwork_async.runtime.snapshot import (
     ModelSnapshot,
 )
 from clockwork_async.runtime.supervisor import Supervisor
+from clockwork_async.wire.messages import TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -124,17 +125,19 @@ class Driver:
         group: str = "",
         default_slo_ns: int = 100_000_000,
         profile: RegistrationProfile | None = None,
+        inputs: Sequence[TensorSpec] = (),
         derive_slo: bool = False,
         on_stage: Callable[[str], None] = lambda stage: None,
     ) -> RegisteredModel:
-        """Register ``path`` as model ``name`` on every executor, profile it where ``profile``
-        lacks the executors' kinds (``on_stage("profiling")`` then), then hand it to the
-        dispatcher. Returns the RegisteredModel (its ``profile`` is what to cache). Raises
-        RegistrationError. However it ends short of that (an error, a cancel), nothing of
-        ``name`` is left on any executor."""
+        """Register ``path`` as model ``name`` on every executor (its inputs at the declared
+        ``inputs`` shapes, if any), profile it where ``profile`` lacks the executors' kinds
+        (``on_stage("profiling")`` then), then hand it to the dispatcher. Returns the
+        RegisteredModel (its ``profile`` is what to cache). Raises RegistrationError. However
+        it ends short of that (an error, a cancel), nothing of ``name`` is left on any
+        executor."""
         if name in self.dispatcher.models or name in self._registering:
             raise RegistrationError(f"model {name!r} is already registered")
-        source = ModelSource(path, tuple(batch_sizes))
+        source = ModelSource(path, tuple(batch_sizes), tuple(inputs))
         self._registering[name] = source
         registration = Registration(name, source, group, default_slo_ns, profile, derive_slo)
         try:

@@ -49,10 +49,11 @@ class RegisteredModel:
     weights_pages: int
     profile: RegistrationProfile
     requested_batch_sizes: tuple[int, ...] = ()
+    requested_inputs: tuple[TensorSpec, ...] = ()  # declared shapes (model.toml)
 
     @property
     def source(self) -> ModelSource:
-        return ModelSource(self.path, self.requested_batch_sizes)
+        return ModelSource(self.path, self.requested_batch_sizes, self.requested_inputs)
 
     def spec(self) -> ModelSpec:
         """The core's view of this model."""
@@ -153,6 +154,7 @@ def _model(
         weights_pages=pages,
         profile=profile,
         requested_batch_sizes=registration.source.batch_sizes,
+        requested_inputs=registration.source.inputs,
     )
 
 

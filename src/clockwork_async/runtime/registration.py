@@ -33,6 +33,7 @@ from clockwork_async.wire.messages import (
     ModelInfo,
     RegisterModel,
     State,
+    TensorSpec,
     Unload,
     UnregisterModel,
 )
@@ -54,6 +55,7 @@ class ModelSource:
 
     path: str
     batch_sizes: tuple[int, ...] = ()
+    inputs: tuple[TensorSpec, ...] = ()  # declared shapes (model.toml); empty: the file's
 
 
 async def call(
@@ -80,10 +82,12 @@ async def register_on(
     async with link.lock:
         if name in link.registered:
             return link.registered[name]
+
+        def message(action_id: int) -> RegisterModel:
+            return RegisterModel(action_id, name, source.path, source.batch_sizes, source.inputs)
+
         with _held(broker, link.executor_id, "execute", REGISTER_HOLD_NS):
-            reply = await call(
-                link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes), timeout_s
-            )
+            reply = await call(link, message, timeout_s)
         if isinstance(reply, ModelInfo):
             link.registered[name] = reply
             return reply

@@ -31,6 +31,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from clockwork_async.wire.dtypes import WIRE_DTYPES
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
     ErrorCode,
@@ -42,7 +43,6 @@ from clockwork_async.wire.schema import (
     SCHEMA_BY_CLASS,
     SCHEMAS,
     TENSOR_ALIGN_BYTES,
-    WIRE_DTYPES,
     Field,
     Limits,
     Schema,

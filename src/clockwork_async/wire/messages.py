@@ -136,13 +136,16 @@ class Pong:
 @dataclass(frozen=True, slots=True)
 class RegisterModel:
     """Read a model's weights into host memory; answered by ModelInfo or ActionResult(error).
-    ``batch_sizes`` empty: the executor infers what the model allows."""
+    ``batch_sizes`` empty: the executor infers what the model allows. ``inputs``: the shapes to
+    serve the inputs at (each dynamic axis but the batch set to the length model.toml declares;
+    names, dtypes, ranks and fixed axes as in the file); empty: the file's."""
 
     TAG: ClassVar[str] = "register_model"
     action_id: int
     model: str
     path: str
     batch_sizes: tuple[int, ...] = ()
+    inputs: tuple[TensorSpec, ...] = added_field(())
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,8 +168,8 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Infer:
-    """Run a loaded model on a batch; run in the execute lane. Every input's leading axis is
-    ``batch_size``."""
+    """Run a loaded model on a batch; run in the execute lane. Every input whose axis 0 is
+    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole."""
 
     TAG: ClassVar[str] = "infer"
     action_id: int

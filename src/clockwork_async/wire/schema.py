@@ -22,31 +22,12 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
+from clockwork_async.wire.dtypes import WIRE_DTYPES
+from clockwork_async.wire.dtypes import WIRE_NAMES as _WIRE_NAMES
 from clockwork_async.wire.messages import MESSAGE_TYPES, OMIT_AT_DEFAULT
 
 TENSOR_ALIGN_BYTES = 8  # the encoder starts every non-empty tensor at a multiple of this
 _PADDING = bytes(TENSOR_ALIGN_BYTES)
-
-WIRE_DTYPES: dict[str, np.dtype[Any]] = {
-    name: np.dtype(code)
-    for name, code in (
-        ("bool", "|b1"),
-        ("int8", "|i1"),
-        ("int16", "<i2"),
-        ("int32", "<i4"),
-        ("int64", "<i8"),
-        ("uint8", "|u1"),
-        ("uint16", "<u2"),
-        ("uint32", "<u4"),
-        ("uint64", "<u8"),
-        ("float16", "<f2"),
-        ("float32", "<f4"),
-        ("float64", "<f8"),
-    )
-}
-"""Tensor dtypes the wire carries, by wire name; the bytes are always little-endian."""
-_WIRE_NAMES: dict[np.dtype[Any], str] = {dtype: name for name, dtype in WIRE_DTYPES.items()}
-# ``dtype.name`` is computed in Python on every call; a dict lookup by dtype is not.
 
 
 @dataclass(frozen=True, slots=True)
