@@ -95,7 +95,7 @@ SERVED_STATES = frozenset({"ready", "loaded"})
 def _watch(client: Client, added: ModelStatus, as_json: bool) -> int:
     """Show a registration's progress on stderr until it is ready (its status on stdout, 0)
     or failed or cancelled (why on stderr, 1)."""
-    said, shown_s = "", 0.0
+    said, shown_s = ("", ""), 0.0
     while True:
         rows = [m for m in client.models() if (m.name, m.version) == (added.name, added.version)]
         served = [m for m in rows if m.state in SERVED_STATES]
@@ -106,10 +106,11 @@ def _watch(client: Client, added: ModelStatus, as_json: bool) -> int:
         if row.state in FAILED_STATES:
             print(f"clockwork-async models: {row.name} {row.state}: {row.reason}", file=sys.stderr)
             return 1
-        line = f"{row.name} version {row.version}: {row.state}"
-        if line != said or time.monotonic() - shown_s > 5.0:
-            print(f"{line} ({row.reason})", file=sys.stderr, flush=True)
-            said, shown_s = line, time.monotonic()
+        doing = row.reason.rsplit(", ", 1)[0] if ", " in row.reason else ""  # less the time
+        if (row.state, doing) != said or time.monotonic() - shown_s > 5.0:
+            line = f"{row.name} version {row.version}: {row.state} ({row.reason})"
+            print(line, file=sys.stderr, flush=True)
+            said, shown_s = (row.state, doing), time.monotonic()
         time.sleep(WATCH_PERIOD_S)
 
 

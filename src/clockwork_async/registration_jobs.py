@@ -75,6 +75,7 @@ class Job:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     cancel_reason: str = ""
+    progress: str = ""  # what profiling runs now, e.g. "batch 4: run 3/12 on local-0"
 
     def move(self, new: JobState, now_ns: int, code: str = "", reason: str = "") -> None:
         """Go to ``new``. Raises RuntimeError for a move the table does not allow."""
@@ -99,7 +100,8 @@ class Job:
 
 def job_status(job: Job) -> ModelStatus:
     """A registration job as `list_models` shows it: its state, version and why."""
-    reason = job.reason or f"{(time.monotonic_ns() - job.started_ns) / 1e9:.1f} s so far"
+    so_far = f"{(time.monotonic_ns() - job.started_ns) / 1e9:.1f} s so far"
+    reason = job.reason or (f"{job.progress}, {so_far}" if job.progress else so_far)
     return ModelStatus(job.name, job.name, job.state.value, version=job.version, reason=reason)
 
 

@@ -437,7 +437,8 @@ class DaemonService:
     async def _register_instance(
         self, entry: ModelEntry, target: str, profile: RegistrationProfile | None, job: Job
     ) -> RegisteredModel:
-        def on_stage(stage: str) -> None:
+        def on_stage(stage: str) -> None:  # "profiling", then what it runs
+            job.progress = stage
             if job.state is JobState.REGISTERING:
                 job.move(JobState.PROFILING, time.monotonic_ns())
                 self.on_change()

@@ -115,7 +115,7 @@ async def register_everywhere(
     ):
         on_stage("profiling")
     profile = await profile_model(
-        name, info, registered, profiler, broker, now_ns, registration.cached
+        name, info, registered, profiler, broker, now_ns, registration.cached, on_stage
     )
     model = _model(registration, info, profile, max(i.pages_needed for i in infos))
     try:

@@ -195,6 +195,7 @@ class ProfilingTarget:
     run: RunReserved
     next_action_id: ActionId
     now_ns: Callable[[], int] = time.monotonic_ns
+    progress: Callable[[str], None] = lambda what: None  # "LOAD 1/2", "batch 4: run 3/12"
 
 
 @dataclass(slots=True)
@@ -260,6 +261,7 @@ async def _measure_loads(
     for iteration in range(config.load_iterations):
         if iteration:
             await _check(await _unload(target, model), "UNLOAD")
+        target.progress(f"LOAD {iteration + 1}/{config.load_iterations}")
         action_id = target.next_action_id()
         times = budget.reserve(max(samples_ns) if samples_ns else None, config)
         result = await _run(target, "load", times, partial(Load, action_id, model), "LOAD", config)
@@ -284,7 +286,8 @@ async def _measure_batches(
         samples_ns: list[int] = []
         first_ns: int | None = None
         done = 0
-        while done < sum(_repetitions(first_ns, config)):
+        while done < (runs := sum(_repetitions(first_ns, config))):
+            target.progress(f"batch {batch_size}: run {done + 1}/{runs}")
             known_ns = max(samples_ns) if samples_ns else first_ns
             times = budget.reserve(known_ns if known_ns is not None else guess_ns, config)
             build = partial(Infer, target.next_action_id(), model, batch_size, batch)

@@ -9,6 +9,7 @@ so the join path and a registration running at the same time never register a mo
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -169,9 +170,10 @@ async def profile_model(
     broker: LaneBroker,
     now_ns: Callable[[], int],
     cached: RegistrationProfile | None = None,
+    progress: Callable[[str], None] = lambda what: None,
 ) -> RegistrationProfile:
     """Measure ``name`` on one executor of every kind among ``links`` that ``cached`` lacks,
-    each action on a lane ``broker`` reserved for it.
+    each action on a lane ``broker`` reserved for it, telling ``progress`` what runs.
 
     Returns the merged profile. Raises RegistrationError if a kind could not be profiled.
     """
@@ -182,7 +184,9 @@ async def profile_model(
     for kind, candidates in sorted(by_kind.items()):
         if profile is not None and kind in profile.kinds:
             continue
-        measured = await _profile_kind(name, info, kind, candidates, config, broker, now_ns)
+        measured = await _profile_kind(
+            name, info, kind, candidates, config, Profiling(broker, now_ns, progress)
+        )
         profile = measured if profile is None else profile.merged(measured)
     if profile is None:
         raise RegistrationError(f"no executor to profile {name!r} on")
@@ -197,7 +201,18 @@ async def profile_model(
     return RegistrationProfile(offered, profile.kinds)
 
 
-def _target(link: ExecutorLink, broker: LaneBroker, now_ns: Callable[[], int]) -> ProfilingTarget:
+@dataclass(frozen=True, slots=True)
+class Profiling:
+    """What profiling runs with: the lanes' broker, the controller's clock, a progress hook."""
+
+    broker: LaneBroker
+    now_ns: Callable[[], int]
+    progress: Callable[[str], None]
+
+
+def _target(link: ExecutorLink, profiling: Profiling) -> ProfilingTarget:
+    broker, now_ns = profiling.broker, profiling.now_ns
+
     async def run(lane: str, reserve_ns: int, wait_ns: int, build: Build) -> Message:
         wait_s = wait_ns / 1e9
         if not lane:  # an UNLOAD: no lane of the core's to hold
@@ -221,10 +236,18 @@ def _target(link: ExecutorLink, broker: LaneBroker, now_ns: Callable[[], int]) -
             if isinstance(reply, ActionResult) and reply.end_ns:
                 end_ns = link.clock.to_controller_ns(reply.end_ns)
             return reply
+        except asyncio.CancelledError:
+            # Cut short (a cancel, a stop): the action may still run there; the lane stays
+            # held until its predicted end at least.
+            end_ns = max(reserved.end_ns, now_ns())
+            raise
         finally:
             broker.release(link.executor_id, reserved.reservation_id, end_ns)
 
-    return ProfilingTarget(run, link.next_call_id, now_ns)
+    def progress(what: str) -> None:
+        profiling.progress(f"{what} on {link.executor_id}")
+
+    return ProfilingTarget(run, link.next_call_id, now_ns, progress)
 
 
 def _action_id(message: Message) -> int:
@@ -237,13 +260,12 @@ async def _profile_kind(
     kind: str,
     candidates: Sequence[ExecutorLink],
     config: ProfilerConfig,
-    broker: LaneBroker,
-    now_ns: Callable[[], int],
+    profiling: Profiling,
 ) -> RegistrationProfile:
     errors = []
     for link in candidates:
         try:
-            model_profile, sizes = await _measure_on(name, info, link, config, broker, now_ns)
+            model_profile, sizes = await _measure_on(name, info, link, config, profiling)
         except (ProfilingError, LinkError) as error:
             errors.append(f"{link.executor_id}: {error}")
             continue
@@ -257,16 +279,16 @@ async def _measure_on(
     info: ModelInfo,
     link: ExecutorLink,
     config: ProfilerConfig,
-    broker: LaneBroker,
-    now_ns: Callable[[], int],
+    profiling: Profiling,
 ) -> tuple[ModelProfile, tuple[int, ...]]:
     """`measure` on one executor, its LOAD's pages held in the core meanwhile. Raises
     ProfilingError."""
+    broker = profiling.broker
     pages = broker.reserve(link.executor_id, "", 0, info.pages_needed)
     if pages.refused:
         raise ProfilingError(f"no pages for its LOAD: {pages.refused}")
     try:
-        target = _target(link, broker, now_ns)
+        target = _target(link, profiling)
         return await measure(target, name, info.inputs, info.batch_sizes, config)
     finally:
         broker.release(link.executor_id, pages.reservation_id)
