@@ -350,6 +350,8 @@ class Dispatcher:
         """Hold an executor's lane (and pages) for an action the core does not plan, from a
         task of its own (core/reservations.py); returns the core's `LaneReserved`. Each is
         ended by one `release`."""
+        if self._handling:  # its answer would come after this returns: a lane never released
+            raise RuntimeError("Dispatcher.reserve called while an event is being handled")
         reservation_id = next(self._reservation_ids)
         self._feed(ReserveLane(executor_id, reservation_id, lane, duration_ns, pages))
         refused = LaneReserved(executor_id, reservation_id, 0, 0, "the controller refused it")
