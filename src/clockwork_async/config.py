@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from clockwork_async.api.server import ServerLimits
+from clockwork_async.api.v2_config import GrpcConfig, HttpConfig
 from clockwork_async.config_fields import (
     ConfigError,
     Raw,
@@ -153,6 +154,8 @@ class DaemonConfig:
     executors: tuple[ExecutorConfig, ...]
     server: ServerConfig = field(default_factory=ServerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)  # the v2 front ends (api/v2_config)
+    grpc: GrpcConfig = field(default_factory=GrpcConfig)
     controller: ControllerConfig = field(default_factory=ControllerConfig)
     executor_link: LinkConfig = field(default_factory=LinkConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
@@ -173,6 +176,8 @@ class DaemonConfig:
 SECTIONS: dict[str, type[Any]] = {
     "server": ServerConfig,
     "metrics": MetricsConfig,
+    "http": HttpConfig,
+    "grpc": GrpcConfig,
     "repository": RepositoryConfig,
     "controller": ControllerConfig,
     "executor_link": LinkConfig,

@@ -46,6 +46,7 @@ from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.frontends import FrontEndError, FrontEnds
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
@@ -112,6 +113,7 @@ class Daemon:
         self.supervisor: Supervisor | None = None
         self.service: DaemonService | None = None
         self.api: ApiServer | None = None
+        self.front_ends: FrontEnds | None = None  # HTTP and gRPC (frontends.py)
         self.endpoint: HttpEndpoint | None = None
         self.api_address = ""
         self.metrics_address = ""
@@ -306,22 +308,31 @@ class Daemon:
         )
         self.api = api
         try:
-            context = None
+            context, tls = None, None
             if server.tls_cert_path is not None and server.tls_key_path is not None:
-                context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
+                tls = (server.tls_cert_path, server.tls_key_path)
+                context = server_ssl_context(*tls)
             await api.bind(str(server.listen), ssl=context)
+            self.front_ends = FrontEnds(
+                api, self.config.http, self.config.grpc, ssl=context, tls_paths=tls
+            )
+            await self.front_ends.bind()
         except OSError as error:  # the server is CLOSED then: closing it returns at once
             raise StartError(
                 f"server.listen = {server.listen}: the client API cannot listen there: {error}"
             ) from error
+        except FrontEndError as error:
+            raise StartError(str(error)) from error
+        api.on_answer = self.metrics.observe_answer
         self.api_address = api.address
         self.metrics.set_snapshot_source(
             setup.snapshot_source(self.driver.snapshot, lambda: api.connection_count)
         )
 
     async def _serve_api(self) -> None:
-        assert self.api is not None
+        assert self.api is not None and self.front_ends is not None
         await self.api.serve()
+        await self.front_ends.serve()
 
     async def _start_metrics(self) -> None:
         self._spawn(probe_loop_lag(self.metrics.observe_loop_lag))
@@ -348,7 +359,8 @@ class Daemon:
     def _addresses(self, models: int) -> str:
         metrics = f"http://{self.metrics_address}/metrics" if self.metrics_address else "off"
         executors = len(self.config.executors)
-        return f"api={self.api_address} metrics={metrics} models={models} executors={executors}"
+        v2 = self.front_ends.describe() if self.front_ends is not None else ""
+        return f"api={self.api_address} metrics={metrics}{v2} models={models} executors={executors}"
 
     def _status_line(self) -> str:
         """systemd's ``STATUS=`` while serving: ``/readyz``'s state, models and executors."""
@@ -430,14 +442,16 @@ class Daemon:
         """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
         the drain timeout, then answer the rest; the API server flushes their replies."""
         drain_s = self.config.server.limits.drain_timeout_s
-        closing = None
+        closing: list[asyncio.Future[None]] = []
         if self.api is not None:
-            closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))
+            closing.append(asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S)))
+        if self.front_ends is not None:
+            closing.append(asyncio.ensure_future(self.front_ends.close(drain_s + FLUSH_MARGIN_S)))
         await self._until_forced(self.driver.drain(drain_s))
         if self._force.is_set():
             await self.driver.close()  # answers everything left, at once
-        if closing is not None:
-            await closing
+        if closing:
+            await asyncio.gather(*closing)
 
     async def _until_forced(self, work: Coroutine[Any, Any, None]) -> None:
         """Await ``work`` unless a second stop request comes first (then cancel it)."""
@@ -456,6 +470,8 @@ class Daemon:
             self._watchdog.cancel()
         if self.api is not None:
             await self.api.close(0.0)
+        if self.front_ends is not None:
+            await self.front_ends.close(0.0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -27,7 +27,7 @@ from clockwork_async import build
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.runtime.requests import ActionRecord
-from clockwork_async.wire.messages import ActionResult
+from clockwork_async.wire.messages import ActionResult, ApiCode
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,11 @@ DROP_REASONS = frozenset(
 )
 ANSWERED_WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
 PREDICTION_KINDS = ("infer", "load")
+PROTOCOLS = frozenset({"msgpack", "http", "grpc"})
+# Statuses of answered infers: outcomes, client-API codes and the v2 front ends' own refusals.
+ANSWER_STATUSES = frozenset(
+    {*Outcome, *ApiCode, "unauthorized", "too_large", "request_timeout", "not_found"}
+)
 # Executor lanes whose busy time is counted: one execute lane and one load lane per executor.
 BUSY_KINDS = ("infer", "load")
 MAX_EXECUTOR_LABELS = 256
@@ -149,6 +154,12 @@ class Metrics:
         )
         self.drops = counter(
             "drops", "Valid requests not answered ok in time, by reason.", ["group", "reason"]
+        )
+        self.api_requests = counter(
+            "api_requests",
+            "Infer requests answered, by front end (msgpack, http, grpc) and status (an "
+            "outcome, or the front end's own refusal such as unauthorized or bad_request).",
+            ["protocol", "status"],
         )
         self.evictions = counter("evictions", "Models unloaded to free pages.", ["group"])
         self.executor_restarts = counter(
@@ -271,6 +282,13 @@ class Metrics:
             self.observe_load(group, result.durations_ns.get("load", 0) / NS_PER_S)
         elif action.kind == "unload":
             self.observe_eviction(group)
+
+    def observe_answer(self, protocol: str, status: str) -> None:
+        """One infer answered by front end ``protocol`` with ``status`` (labels outside the
+        fixed sets count as ``other``)."""
+        protocol = protocol if protocol in PROTOCOLS else OTHER
+        status = status if status in ANSWER_STATUSES else OTHER
+        self.api_requests.labels(protocol, status).inc()
 
     def observe_prediction(self, kind: str, error_s: float) -> None:
         """``error_s`` = actual - predicted duration of an ``infer`` or ``load`` action."""

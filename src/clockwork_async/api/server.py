@@ -162,6 +162,8 @@ class ApiServer:
         self.uploads_in_flight = 0  # add_model calls accepted and not answered, all sessions
         self.upload_bytes_in_flight = 0  # their model bytes
         self.refused: dict[str, int] = {}  # connections refused, by error code
+        # Every infer answered, by front end (msgpack, http, grpc) and status: the metrics'.
+        self.on_answer: Callable[[str, str], None] | None = None
 
     # --- public state ---------------------------------------------------------------------
 
@@ -316,6 +318,11 @@ class ApiServer:
     def request_ended(self) -> None:
         self.outstanding -= 1
         self._maybe_idle()
+
+    def count_answer(self, protocol: str, status: str) -> None:
+        """One infer answered through front end ``protocol`` with ``status``."""
+        if self.on_answer is not None:
+            self.on_answer(protocol, status)
 
     def admit_upload(self, nbytes: int) -> tuple[str, str] | None:
         """(``overloaded``, why) when an upload of ``nbytes`` would go over the server's caps

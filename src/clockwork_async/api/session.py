@@ -103,6 +103,8 @@ class SessionHost(Protocol):
 
     def request_ended(self) -> None: ...
 
+    def count_answer(self, protocol: str, status: str) -> None: ...
+
     def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
 
     def upload_ended(self, nbytes: int) -> None: ...
@@ -331,6 +333,7 @@ class ApiSession:
 
     def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
         reply = InferReply(request_id, str(status), message, **rest)
+        self._server.count_answer("msgpack", str(status))
         try:
             self._send(reply)
         except EncodeError as error:
