@@ -52,7 +52,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ("agenda", "feasibility", "eviction", "room", "ledger"),
     ("requests", "warm_up"),
     ("batching", "policies"),
-    ("admission", "scheduler", "results", "membership", "placement"),
+    ("admission", "scheduler", "results", "membership", "placement", "reservations"),
     ("stats", "controller"),
 )
 

@@ -350,7 +350,7 @@ class Daemon:
 
     def _announce(self) -> None:
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         print(f"clockwork-async serving: {self._addresses(models)}", file=self._out, flush=True)
         self._status_sent = self._status_line()
         self._notifier.ready(self._status_sent)
@@ -365,7 +365,7 @@ class Daemon:
     def _status_line(self) -> str:
         """systemd's ``STATUS=`` while serving: ``/readyz``'s state, models and executors."""
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         executors = self.driver.snapshot().executors
         up = sum(executor.up for executor in executors)
         readiness = self._readiness()
@@ -431,6 +431,9 @@ class Daemon:
         if self.service is not None:
             self.service.accepting = False
         self._notifier.stopping(f"draining {self.driver.snapshot().outstanding} requests")
+        if self.service is not None:  # nothing of a registration cut short stays anywhere
+            stopping = self.service.cancel_registrations("the daemon is shutting down")
+            await self._until_forced(stopping)
         await self._drain()
         await self._stop_all()
         self._enter(DaemonState.STOPPED)
@@ -486,3 +489,8 @@ class Daemon:
             if child.process is not None and child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
+
+
+def _served_count(service: DaemonService) -> int:
+    """Model instances served (registrations still running or failed are not)."""
+    return sum(status.state in ("ready", "loaded") for status in service.list_models())

@@ -105,6 +105,7 @@ def registration(config: DaemonConfig) -> Registration:
     a model by a duration profile, not by its file) the model.toml's ``sim_profile``."""
     cache = ProfileCache(config.repository.profile_cache_dir)
     budget_bytes = config.repository.weights_budget_bytes
+    at_once = config.profiler.max_concurrent
     if is_simulated(config):
         slowdowns = sorted({e.slowdown for e in local_executors(config)})
         machine = machine_key("simulated")
@@ -112,9 +113,11 @@ def registration(config: DaemonConfig) -> Registration:
         def simulated_machine(entry: ModelEntry) -> str:
             return f"{machine}; profile={entry.sim_profile}; x{slowdowns}"
 
-        return Registration(cache, simulated_machine, budget_bytes, _sim_profile)
+        return Registration(cache, simulated_machine, budget_bytes, _sim_profile, at_once)
     onnxruntime_machine = machine_key("onnxruntime")
-    return Registration(cache, lambda _entry: onnxruntime_machine, budget_bytes, _file_path)
+    return Registration(
+        cache, lambda _entry: onnxruntime_machine, budget_bytes, _file_path, at_once
+    )
 
 
 def _file_path(entry: ModelEntry) -> str:

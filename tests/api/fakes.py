@@ -110,7 +110,13 @@ class FakeService:
         return list(self.models.values())
 
     async def add_model(
-        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+        self,
+        name: str,
+        onnx_bytes: bytes,
+        model_toml: str | None,
+        *,
+        replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
         if self.add_gate is not None:
             await self.add_gate.wait()
@@ -123,6 +129,9 @@ class FakeService:
         status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,), version=version)
         self.models[name] = status
         return status
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        raise ServiceError("unknown_model", f"no registration of {name!r} is running")
 
     async def remove_model(self, name: str) -> None:
         if self.models.pop(name, None) is None:

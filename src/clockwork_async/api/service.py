@@ -132,10 +132,23 @@ class Admin(Protocol):
         ...
 
     async def add_model(
-        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+        self,
+        name: str,
+        onnx_bytes: bytes,
+        model_toml: str | None,
+        *,
+        replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
-        """Store and register a model; a taken name is ``model_exists`` unless ``replace``.
-        Raises ServiceError."""
+        """Store a model and register it in a background job; a taken name (or one being
+        registered) is ``model_exists`` unless ``replace``. Returns once it is registered
+        (``wait``), or at once with its job's status. Raises ServiceError (with ``wait``:
+        the job's failure, or ``cancelled``)."""
+        ...
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        """Cancel the running registration of ``name``; returns its job's status once nothing
+        of it is left. Raises ServiceError (``unknown_model``: none is running)."""
         ...
 
     async def remove_model(self, name: str) -> None:

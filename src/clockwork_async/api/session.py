@@ -37,6 +37,7 @@ from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
     CancelInfer,
+    CancelRegistration,
     ErrorCode,
     GetHealth,
     GetStats,
@@ -160,6 +161,7 @@ class ApiSession:
             ListModels: self._list_models,
             AddModel: self._add_model,
             RemoveModel: self._remove_model,
+            CancelRegistration: self._cancel_registration,
             GetStats: self._stats,
             GetHealth: self._health,
             Ping: self._ping,
@@ -189,7 +191,7 @@ class ApiSession:
         handler(message)
         if not self._connection.queued_messages:
             self._requests.flush()  # this read's requests are all in: schedule them
-        if isinstance(message, AddModel | RemoveModel):
+        if isinstance(message, AddModel | RemoveModel | CancelRegistration):
             return self._admin_settled(message.request_id)  # its frame is not held meanwhile
         return None  # (a slow reader: dispatch stops reading while our replies back up)
 
@@ -371,16 +373,17 @@ class ApiSession:
         """Run an admitted upload; its share of the server's budget is given back once."""
         hold = _UploadHold(self._server, len(onnx_bytes))
         request_id, name, model_toml = request.request_id, request.name, request.model_toml
-        replace = request.replace
+        replace, wait = request.replace, request.wait
 
         async def add() -> ModelsReply:
             try:
                 status = await self._service.add_model(
-                    name, onnx_bytes, model_toml, replace=replace
+                    name, onnx_bytes, model_toml, replace=replace, wait=wait
                 )
             finally:
                 hold.release()  # before the reply: the client may upload again at once
             done = f"replaced by version {status.version}" if replace else "added"
+            done = done if wait else f"stored as version {status.version}; {status.state}"
             return _models_reply(request_id, f"model {name!r} {done}", status)
 
         task = self._spawn_admin(request_id, "add_model", add)
@@ -392,6 +395,13 @@ class ApiSession:
             return _models_reply(request.request_id, f"model {request.name!r} removed")
 
         self._start_admin(request.request_id, "remove_model", remove)
+
+    def _cancel_registration(self, request: CancelRegistration) -> None:
+        async def cancel() -> ModelsReply:
+            status = await self._service.cancel_registration(request.name)
+            return _models_reply(request.request_id, f"registration of {request.name!r}", status)
+
+        self._start_admin(request.request_id, "cancel_registration", cancel)
 
     def _start_admin(
         self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]

@@ -254,6 +254,34 @@ class Action:
         )
 
 
+class Reservation:
+    """A lane (and pages) held for work the core does not plan (`ReserveLane`): planned on
+    its lane like an action, so the lane's chain runs through it."""
+
+    __slots__ = (
+        "earliest_ns",
+        "executor",
+        "hold_ns",
+        "lane",
+        "pages",
+        "planned_end_ns",
+        "predicted_ns",
+        "reservation_id",
+    )
+
+    def __init__(
+        self, reservation_id: int, executor: ExecutorState, lane: Lane | None, pages: int
+    ) -> None:
+        self.reservation_id = reservation_id
+        self.executor = executor
+        self.lane = lane  # None: pages alone
+        self.pages = pages
+        self.earliest_ns = 0
+        self.predicted_ns = 0
+        self.planned_end_ns = 0
+        self.hold_ns = 0  # past its predicted end, it is assumed to run this much longer
+
+
 class BookedBatch:
     """A batch the admission ledger booked queued requests of one model into, on one
     executor: its predicted start and end (pushed back when work before it grows), the

@@ -115,6 +115,14 @@ class Lane:
         self.outstanding.append(action)
         self.end_ns = action.planned_end_ns
 
+    def hold(self, action: Planned, until_ns: int) -> None:
+        """``action`` (outstanding, past its predicted end, no result yet) is assumed to run
+        until ``until_ns``: it is planned that much longer and the chain behind it moves
+        (a lane reservation runs until released: reservations.py)."""
+        if action.planned_end_ns < until_ns:
+            action.predicted_ns += until_ns - action.planned_end_ns
+            self._chain(self.base_ns)
+
     def finish(self, action: Planned, ended_ns: int) -> None:
         """Remove ``action`` (result in, or executor gone); re-chain from ``ended_ns``."""
         try:

@@ -5,8 +5,9 @@ into an owner.
 
 One idea: the request path between the API and the executor links. Events in: `submit`,
 `cancel`, `flush` (callers), `executor_joined` / `executor_left` (the executor pool), `add_model`
-/ `remove_model` (registration), action results (from links, for the actions it sent), ticks
-(its own timer), `drain` / `close`. Out: actions on links, ``on_reply`` calls and listeners.
+/ `remove_model` and `reserve` / `release` (registration), action results (from links, for the
+actions it sent), ticks (its own timer), `drain` / `close`. Out: actions on links, ``on_reply``
+calls and listeners.
 
 Invariants:
 - The core is entered through ``Controller.handle`` alone, one event at a time, in the order
@@ -56,11 +57,14 @@ from clockwork_async.core.events import (
     Event,
     ExecutorJoined,
     ExecutorLeft,
+    LaneReserved,
     ModelRegistered,
     ModelUnregistered,
+    ReleaseLane,
     Reply,
     RequestArrived,
     RequestCancelled,
+    ReserveLane,
     Shutdown,
     StartInfer,
     StartLoad,
@@ -171,6 +175,8 @@ class Dispatcher:
         self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
+        self._reservation_ids = itertools.count(1)
+        self._reserved: dict[tuple[str, int], LaneReserved] = {}  # answers, until taken
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
@@ -338,6 +344,23 @@ class Dispatcher:
         for joined in self._executors.values():
             joined.loaded.discard(name)
 
+    def reserve(
+        self, executor_id: str, lane: str, duration_ns: int, pages: int = 0
+    ) -> LaneReserved:
+        """Hold an executor's lane (and pages) for an action the core does not plan, from a
+        task of its own (core/reservations.py); returns the core's `LaneReserved`. Each is
+        ended by one `release`."""
+        if self._handling:  # its answer would come after this returns: a lane never released
+            raise RuntimeError("Dispatcher.reserve called while an event is being handled")
+        reservation_id = next(self._reservation_ids)
+        self._feed(ReserveLane(executor_id, reservation_id, lane, duration_ns, pages))
+        refused = LaneReserved(executor_id, reservation_id, 0, 0, "the controller refused it")
+        return self._reserved.pop((executor_id, reservation_id), refused)
+
+    def release(self, executor_id: str, reservation_id: int, end_ns: int = 0) -> None:
+        """End a reservation: the reserved action ended at ``end_ns`` (0: now)."""
+        self._feed(ReleaseLane(executor_id, reservation_id, end_ns))
+
     # --- the core --------------------------------------------------------------------------------
 
     def _hold(self, arrival: RequestArrived) -> None:
@@ -401,6 +424,8 @@ class Dispatcher:
             self._start_weights(command, now_ns)
         elif isinstance(command, WakeAt):
             self._timer.arm(command.time_ns)
+        elif isinstance(command, LaneReserved):
+            self._reserved[command.executor_id, command.reservation_id] = command
         else:
             log.error("unknown command %r", command)
         return 0

@@ -291,6 +291,7 @@ class ModelStatus:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     version: int = added_field(0)  # 1, then one more at each replace (0: not told)
+    reason: str = added_field("")  # registering/profiling: progress; failed/cancelled: why
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +355,17 @@ class AddModel:
     files: Mapping[str, np.ndarray]
     model_toml: str | None = None
     replace: bool = added_field(False)  # take the name from the model serving under it
+    wait: bool = added_field(True)  # answer once registered; false: once its job started
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRegistration:
+    """Cancel the registration of ``name`` that is running; answered by `ModelsReply` once
+    nothing of it is left (its job, ``cancelled``), or ``unknown_model`` when none runs."""
+
+    TAG: ClassVar[str] = "cancel_registration"
+    request_id: int
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +441,7 @@ Message = (
     | ListModels
     | AddModel
     | RemoveModel
+    | CancelRegistration
     | ModelsReply
     | GetStats
     | StatsReply
@@ -443,6 +456,7 @@ CLIENT_REQUESTS = (
     ListModels,
     AddModel,
     RemoveModel,
+    CancelRegistration,
     GetStats,
     GetHealth,
 )
