@@ -1,6 +1,9 @@
 """The core's entities: requests, models, executors, and the actions and booked batches
 between them (they refer to one another, so they are defined together).
 
+One idea: the core's data model, what each entity holds and its guarded transitions; what
+happens to them is decided by the layers above (docs/controller.md, "Layers").
+
 Invariants: a request is QUEUED (in its model's queue), RUNNING (in exactly one outstanding
 INFER) or DONE (answered exactly once); ``RequestState.move`` is the one guarded transition
 (QUEUED -> RUNNING | DONE, RUNNING -> QUEUED | DONE) and raises on any other. A model's queue is a
