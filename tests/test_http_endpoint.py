@@ -271,6 +271,28 @@ async def test_a_slow_client_is_disconnected(served: Served) -> None:
     await writer.wait_closed()
 
 
+async def test_a_client_that_does_not_take_its_answer_is_disconnected() -> None:
+    body_bytes = 32 << 20  # more than loopback's socket buffers hold
+    endpoint = HttpEndpoint(
+        CollectorRegistry(),
+        lambda: Readiness(False, "x" * body_bytes),
+        HttpLimits(write_timeout_s=0.2),
+    )
+    _, port = await endpoint.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(1.0)  # not reading; the server's write timer is on this same loop
+        received_bytes = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await reader.read(1 << 20):
+                received_bytes += len(chunk)
+        assert received_bytes < body_bytes  # cut off, not delivered late
+        writer.close()
+    finally:
+        await endpoint.close()
+
+
 async def test_connections_over_the_limit_are_closed_and_close_ends_idle_ones(
     served: Served,
 ) -> None:
