@@ -98,6 +98,8 @@ class HeadReader:
         except httptools.HttpParserCallbackError:
             if self._error is not None:
                 raise self._error from None
+            if self.request is None:  # a callback failed unexpectedly: refuse, do not wait
+                raise BadRequest("malformed request") from None
             return self.request
         except httptools.HttpParserError as error:  # also the Upgrade and invalid-method kinds
             raise BadRequest(f"malformed request: {error}") from None
