@@ -36,6 +36,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from clockwork_async.ioarena.shared import MappedArena
 from clockwork_async.lane_rules import (
     EXECUTE_LANE,
     LANE_OF,
@@ -88,8 +89,10 @@ class ExecutorHost:
         clock: LaneClock | None = None,
         background_lanes: bool = False,
         keep_warm_ns: int = 0,
+        io_arena: MappedArena | None = None,
     ) -> None:
         self.backend = backend
+        self.io_arena = io_arena  # the daemon's shared tensor memory, if it handed us one
         self._background_lanes = background_lanes  # lane threads yield to the event loop
         self._keep_warm_ns = keep_warm_ns  # the execute lane polls this long before it sleeps
         self._pages = page_cache
@@ -194,6 +197,7 @@ class ExecutorHost:
             pages_total=self._pages.pages_total,
             pages_free=self.pages_free,
             clock_ns=self._now_ns(),
+            io_arena=self.io_arena.token if self.io_arena is not None else "",
         )
 
     # --- dispatch (event loop thread) ------------------------------------------------------

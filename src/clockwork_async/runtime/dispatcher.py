@@ -69,6 +69,7 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.logs import request_extra
 from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
@@ -174,7 +175,13 @@ class Dispatcher:
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
+        self._arena: IoArena | None = None
         self._feed(self._hops.initial())
+
+    def use_arena(self, arena: IoArena | None) -> None:
+        """Requests' tensors that are in ``arena`` go to the executors that map it as slot
+        references, and their outputs come back into it (before any executor joins)."""
+        self._arena = arena
 
     # --- requests in ---------------------------------------------------------------------------
 

@@ -101,6 +101,7 @@ class ExecutorInfo:
     pages_total: int
     pages_free: int
     clock_ns: int  # executor monotonic_ns when this was sent
+    io_arena: str = added_field("")  # the token of the daemon's IO arena it maps ("": none)
 
 
 @dataclass(frozen=True, slots=True)
