@@ -63,10 +63,11 @@ from clockwork_async.wire.messages import (
 )
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
+from .io_rows import run_rows, validate_rows
 from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
 from .model_entry import ModelEntry, ModelState
 from .pages import NoPages, PageCache
-from .validation import Refused, validate_inputs, validate_window
+from .validation import Refused, validate_window
 
 log = logging.getLogger(__name__)
 
@@ -226,7 +227,7 @@ class ExecutorHost:
             self._enqueue(ActionKind.LOAD, window, action, reply, self._load)
         elif isinstance(action, Infer):
             validate_window(action.earliest_ns, action.latest_ns)
-            validate_inputs(self._require_known(action.model), action.batch_size, action.inputs)
+            validate_rows(self.io_arena, self._require_known(action.model), action)
             window = (action.earliest_ns, action.latest_ns)
             self._enqueue(ActionKind.INFER, window, action, reply, self._infer)
         else:
@@ -428,7 +429,7 @@ class ExecutorHost:
     def _infer(self, action: Infer, start_ns: int) -> Message:
         with self._lock:
             loaded = self._loaded(action.model)
-        outputs, durations_ns = self.backend.infer(loaded, action.batch_size, action.inputs)
+        outputs, durations_ns = run_rows(self.backend, loaded, action, self.io_arena)
         return self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
 
     def _unload(self, action: Unload, start_ns: int) -> Message:

@@ -167,7 +167,15 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Infer:
     """Run a loaded model on a batch; run in the execute lane. Every input's leading axis is
-    ``batch_size``."""
+    ``batch_size``.
+
+    To an executor that maps the daemon's IO arena (`ExecutorInfo.io_arena`) the rows travel
+    as slot references instead of bytes: ``inputs`` is empty and ``arena_inputs`` holds, for
+    each row in order and each input in the model's order (its `ModelInfo.inputs`), the pair
+    ``offset, nbytes`` of that row's bytes in the arena (rows past the last up to
+    ``batch_size`` repeat the last). ``arena_outputs``, when set, says where each row's
+    outputs go the same way (outputs in `ModelInfo.outputs` order; ``nbytes`` 0: drop that
+    row's); an output written there is left out of the result's ``outputs``."""
 
     TAG: ClassVar[str] = "infer"
     action_id: int
@@ -176,6 +184,8 @@ class Infer:
     inputs: Mapping[str, np.ndarray]
     earliest_ns: int
     latest_ns: int
+    arena_inputs: tuple[int, ...] = added_field(())
+    arena_outputs: tuple[int, ...] = added_field(())
 
 
 @dataclass(frozen=True, slots=True)
