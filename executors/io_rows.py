@@ -12,12 +12,11 @@ Invariants:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from clockwork_async.ioarena.shared import HEADER_BYTES, MappedArena
+from clockwork_async.ioarena.shared import HEADER_BYTES, MappedArena, row_nbytes
 from clockwork_async.wire.messages import ErrorCode, Infer, TensorSpec
 
 from .backend import Backend, LoadedModel, RegisteredModel
@@ -28,11 +27,7 @@ REF_INTS = 2
 
 
 def row_bytes(spec: TensorSpec) -> int | None:
-    """The bytes of one row of ``spec`` (None when a non-batch axis is dynamic)."""
-    dims = spec.shape[1:]
-    if not spec.shape or any(d < 0 for d in dims):
-        return None
-    return math.prod(dims) * np.dtype(spec.dtype).itemsize
+    return row_nbytes(spec.shape, spec.dtype)
 
 
 def row_count(refs: Sequence[int], tensors: int) -> int:

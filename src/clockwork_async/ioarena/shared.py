@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -277,6 +278,16 @@ class MappedArena:
         self.buffer = np.empty(0, np.uint8)
         with contextlib.suppress(BufferError):  # views still exported: unmapped with the last
             self._mmap.close()
+
+
+def row_nbytes(shape: tuple[int, ...], dtype: str) -> int | None:
+    """The bytes of one row (the leading axis taken as 1) of a tensor of ``shape`` and
+    ``dtype``; None when another axis is dynamic (-1): such rows have no fixed place. Both the
+    daemon and the executors size slot references by it."""
+    dims = shape[1:]
+    if not shape or any(d < 0 for d in dims):
+        return None
+    return math.prod(dims) * np.dtype(dtype).itemsize
 
 
 def map_shared(fd: int) -> MappedArena:

@@ -21,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from clockwork_async.ioarena.shared import Slot
+from clockwork_async.ioarena.shared import Slot, row_nbytes
 from clockwork_async.wire.messages import TensorSpec
 
 
@@ -140,12 +140,9 @@ def tensor_bytes(inputs: Mapping[str, object]) -> int:
 
 
 def row_bytes(spec: TensorSpec) -> int | None:
-    """The bytes of one row of ``spec``; None when an axis other than the batch's is dynamic
-    (such rows cannot travel by reference: their size is not the model's to say)."""
-    dims = spec.shape[1:]
-    if not spec.shape or any(d < 0 for d in dims):
-        return None
-    return int(np.prod(dims, dtype=np.int64)) * _dtype(spec.dtype).itemsize
+    """The bytes of one row of ``spec`` (`ioarena.shared.row_nbytes`: None when an axis other
+    than the batch's is dynamic, so its rows cannot travel by reference)."""
+    return row_nbytes(spec.shape, spec.dtype)
 
 
 @dataclass(frozen=True, slots=True)
