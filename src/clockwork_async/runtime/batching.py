@@ -156,7 +156,10 @@ class RowSlot:
     nbytes: int
 
 
-def output_layout(specs: Sequence[TensorSpec], align_bytes: int = 64) -> tuple[RowSlot, ...] | None:
+@lru_cache(maxsize=256)  # per model: asked for every batch sent by reference
+def output_layout(
+    specs: tuple[TensorSpec, ...], align_bytes: int = 64
+) -> tuple[RowSlot, ...] | None:
     """One row of every output, packed and aligned in model order; None when a row's size is
     not fixed (outputs then come back as bytes)."""
     layout: list[RowSlot] = []

@@ -307,7 +307,7 @@ def _by_reference(
         return None
     filler = by_id[requests[0].request_id]
     arena_inputs = [i for r in live for i in (by_id[r.request_id] if r else filler)]
-    layout = output_layout(output_specs) or ()
+    layout = output_layout(tuple(output_specs)) or ()
     slots = [r.slot if r is not None else None for r in live]
     arena_outputs = output_refs(slots, [r is not None for r in live], layout)
     action.slots = tuple(r.slot for r in requests if r.slot is not None)
