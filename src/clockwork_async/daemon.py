@@ -48,6 +48,7 @@ from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.frontends import FrontEndError, FrontEnds
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.ioarena.shared import ArenaError, IoArena
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import Driver
@@ -111,6 +112,7 @@ class Daemon:
         )
         self.driver = Driver(config.controller, runtime=setup.runtime_config(config))
         self.supervisor: Supervisor | None = None
+        self.io_arena: IoArena | None = None  # shared tensor memory of the local executors
         self.service: DaemonService | None = None
         self.api: ApiServer | None = None
         self.front_ends: FrontEnds | None = None  # HTTP and gRPC (frontends.py)
@@ -246,8 +248,10 @@ class Daemon:
     async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
         specs = setup.executor_specs(self.config, unpinned_cpus, self.controller_cpu)
         try:
+            self._open_arena(len(specs))
             if specs:
-                self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))
+                supervisor_config = setup.supervisor_config(self.config, self.io_arena)
+                self.supervisor = Supervisor(specs, supervisor_config)
                 await self.supervisor.start()
                 await self.driver.attach_supervised(self.supervisor)
                 self._count_restarts(self.supervisor)
@@ -256,6 +260,18 @@ class Daemon:
                 await self.driver.attach_executor(remote.name, address, token=remote.token)
         except (SupervisorError, LinkError, OSError) as error:
             raise StartError(f"executors: {error}") from error
+
+    def _open_arena(self, local_executors: int) -> None:
+        """The IO arena, handed to the request path (API, dispatcher), the metrics and, at
+        spawn, the local executors. Raises StartError naming the key."""
+        try:
+            self.io_arena = setup.io_arena(self.config, local_executors)
+        except ArenaError as error:
+            raise StartError(f"server.io_arena_bytes: {error}") from error
+        self.driver.dispatcher.use_arena(self.io_arena)
+        if self.api is not None:
+            self.api.io_arena = self.io_arena
+        self.metrics.set_arena(self.io_arena)
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
         for name in supervisor.children:
@@ -482,6 +498,8 @@ class Daemon:
             if self._force.is_set():
                 self._kill_executors(self.supervisor)
             await self.supervisor.close()
+        if self.io_arena is not None:
+            self.io_arena.close()  # no executor maps it any more; its memory goes with the fd
 
     @staticmethod
     def _kill_executors(supervisor: Supervisor) -> None:

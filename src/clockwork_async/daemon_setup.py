@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clockwork_async.config import DaemonConfig, LocalExecutorConfig, RemoteExecutorConfig
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.profile_cache import ProfileCache, machine_key
 from clockwork_async.repository import ModelEntry, Repository
@@ -85,13 +86,23 @@ def pinned_executor_cpus(config: DaemonConfig) -> set[int]:
     return {cpu for executor in local_executors(config) for cpu in executor.cpus}
 
 
-def supervisor_config(config: DaemonConfig) -> SupervisorConfig:
+def supervisor_config(config: DaemonConfig, io_arena: IoArena | None = None) -> SupervisorConfig:
     """Local executors restart with the links' backoff (``[executor_link]``), logging at the
-    daemon's level."""
+    daemon's level, and inherit the IO arena if there is one."""
     return SupervisorConfig(
         backoff=config.executor_link.reconnect_backoff,
         log_level=config.server.log_level.value.upper(),
+        io_arena_fd=io_arena.fd if io_arena is not None else None,
     )
+
+
+def io_arena(config: DaemonConfig, local_executors: int) -> IoArena | None:
+    """The IO arena of ``server.io_arena_bytes`` when local executors will map it (none for
+    remote executors alone, or a size of 0). Raises ArenaError."""
+    limits = config.server.limits
+    if not local_executors or not limits.io_arena_bytes:
+        return None
+    return IoArena(limits.io_arena_bytes, owner_share=limits.io_arena_connection_share)
 
 
 def runtime_config(config: DaemonConfig) -> RuntimeConfig:

@@ -33,6 +33,7 @@ class Submitted:
     inputs: Mapping[str, np.ndarray]
     slo_ns: int | None
     deadline_unix_ns: int | None
+    slot: object = None  # the IO arena slot its inputs came in (a server with an arena)
 
 
 class FakeService:
@@ -63,12 +64,14 @@ class FakeService:
         slo_ns: int | None,
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
+        slot: object = None,
     ) -> int:
         if model == "boom":
             raise RuntimeError("the fake service broke")
         self._next_id += 1
         service_id = self._next_id
-        self.submitted.append(Submitted(service_id, model, dict(inputs), slo_ns, deadline_unix_ns))
+        submitted = Submitted(service_id, model, dict(inputs), slo_ns, deadline_unix_ns, slot)
+        self.submitted.append(submitted)
         if model == "echo":
             self._answer(service_id, on_reply, Outcome.OK, {"y": inputs["x"] * 2})
         elif model == "big":

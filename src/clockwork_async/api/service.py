@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import Slot
 from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 __all__ = [
@@ -92,11 +93,13 @@ class Requests(Protocol):
         slo_ns: int | None,
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
+        slot: Slot | None = None,
     ) -> int:
         """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
         (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
         SLO. Returns the request's id; ``on_reply`` is called exactly once, possibly before
-        this returns."""
+        this returns. ``slot``: the IO arena slot its inputs were read into (the caller
+        releases it after ``on_reply``; outputs may be views of it)."""
         ...
 
     def screen(

@@ -101,6 +101,7 @@ class ExecutorInfo:
     pages_total: int
     pages_free: int
     clock_ns: int  # executor monotonic_ns when this was sent
+    io_arena: str = added_field("")  # the token of the daemon's IO arena it maps ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,15 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Infer:
     """Run a loaded model on a batch; run in the execute lane. Every input whose axis 0 is
-    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole."""
+    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole.
+
+    To an executor that maps the daemon's IO arena (`ExecutorInfo.io_arena`) the rows travel
+    as slot references instead of bytes: ``inputs`` is empty and ``arena_inputs`` holds, for
+    each row in order and each input in the model's order (its `ModelInfo.inputs`), the pair
+    ``offset, nbytes`` of that row's bytes in the arena (rows past the last up to
+    ``batch_size`` repeat the last). ``arena_outputs``, when set, says where each row's
+    outputs go the same way (outputs in `ModelInfo.outputs` order; ``nbytes`` 0: drop that
+    row's); an output written there is left out of the result's ``outputs``."""
 
     TAG: ClassVar[str] = "infer"
     action_id: int
@@ -178,6 +187,8 @@ class Infer:
     inputs: Mapping[str, np.ndarray]
     earliest_ns: int
     latest_ns: int
+    arena_inputs: tuple[int, ...] = added_field(())
+    arena_outputs: tuple[int, ...] = added_field(())
 
 
 @dataclass(frozen=True, slots=True)
