@@ -1,6 +1,7 @@
 """What the daemon adds: its round trip and throughput against a raw echo server, same client.
 
-    python -m benchmarks.overhead [--quick] [--pipeline N] [--no-flipped] [--json OUT]
+    python -m benchmarks.overhead [--quick] [--pipeline N] [--no-flipped] [--before PYTHON]
+                                  [--json OUT]
 
 Targets, all driven by the same `clockwork_async.client.AsyncClient` over loopback TCP from
 this process, in interleaved blocks (echo, daemon, daemon-no-poll, daemon-flipped, echo, ...)
@@ -16,6 +17,9 @@ so that a change in the machine's load hits every target alike:
   Its controller has CPU 0 to itself, so it busy-polls after work (``server.busy_poll_us``).
 - ``daemon-no-poll``: a second such daemon (its executor on the same CPU, idle while the other
   is measured) with ``server.busy_poll_us = 0``: what the polling buys.
+- ``daemon-before`` (with ``--before PYTHON``): the same daemon as ``daemon``, run by another
+  install's interpreter (an older commit in a worktree of its own with its own venv): a
+  before/after comparison in one run, the machine's load hitting both alike.
 - ``daemon-pinned`` or ``daemon-unpinned``: the same daemon process with its controller's
   affinity flipped for its blocks (every daemon thread pinned to the lowest CPU if the daemon
   runs unpinned, allowed every CPU if it pinned itself), and restored after each block. It
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -68,7 +73,7 @@ from benchmarks.lib import (
     write_report,
 )
 from clockwork_async.client import AsyncClient, ClientError, InferResult
-from clockwork_async.testing import clean_environ
+from clockwork_async.testing import children, clean_environ
 
 SLO_MS = 1000.0  # generous: this measures overhead, not scheduling
 SLOWDOWN = 0.02  # tiny-sim b1 500 µs x 0.02 = 10 µs
@@ -215,6 +220,26 @@ def per_request_us(cost: Counter[str]) -> dict[str, float | None]:
     }
 
 
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def process_counters(pid: int) -> Counter[str]:
+    """CPU time (µs, in clock ticks) and context switches of every thread of ``pid``, from
+    /proc; empty once it is gone."""
+    counters: Counter[str] = Counter()
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rpartition(")")[2]
+                utime, stime = fields.split()[11:13]
+                counters["cpu_us"] += (int(utime) + int(stime)) * 1_000_000 // CLOCK_TICKS_PER_S
+                for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines():
+                    key, _, value = line.partition(":")
+                    if key in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        counters[key.removesuffix("_ctxt_switches")] += int(value)
+    return counters
+
+
 @dataclass
 class Target:
     name: str
@@ -223,6 +248,10 @@ class Target:
     after_block: Callable[[], None] = lambda: None
     is_daemon: bool = False
     samples: Samples = field(default_factory=Samples)
+    # The daemon's and its executor's processes: their CPU and context switches are counted
+    # over the serial blocks (what one request costs each side, whatever else the machine runs).
+    processes: dict[str, int] = field(default_factory=dict)
+    process_cost: dict[str, Counter[str]] = field(default_factory=dict)
 
     async def block(self, plan: Plan, in_flight: int, phase: str) -> None:
         """One serial or pipelined block, with the daemon's cost counted around it."""
@@ -230,7 +259,11 @@ class Target:
         before = cost_totals(await self.client.stats()) if self.is_daemon else Counter()
         self.samples.load_averages.append(load_average())
         if phase == "serial":
+            counted = {name: process_counters(pid) for name, pid in self.processes.items()}
             await serial(self.client, plan.serial_per_block, self.samples)
+            for name, pid in self.processes.items():
+                spent = process_counters(pid) - counted[name]
+                self.process_cost[name] = self.process_cost.get(name, Counter()) + spent
             await pings(self.client, plan.pings_per_block, self.samples)
         else:
             await pipelined(self.client, in_flight, plan.pipelined_s_per_block, self.samples)
@@ -281,27 +314,36 @@ slowdown = {SLOWDOWN}
 """
 
 
-def start_daemon(folder: Path, *, busy_poll_us: float | None = None) -> DaemonProcess:
-    """The daemon as it configures itself, or with ``server.busy_poll_us`` set."""
+def start_daemon(
+    folder: Path, *, busy_poll_us: float | None = None, python: str = sys.executable
+) -> DaemonProcess:
+    """The daemon as it configures itself, or with ``server.busy_poll_us`` set, run by
+    ``python`` (another install's interpreter: the build to compare against)."""
     from clockwork_async.demo_models import build_tiny
 
+    folder.mkdir(exist_ok=True)
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString())
     executor_cpu = max(os.sched_getaffinity(0))
     config = daemon_config(folder, near_zero_executor(executor_cpu))
     extra = {} if busy_poll_us is None else {BUSY_POLL_VARIABLE: str(busy_poll_us)}
-    return DaemonProcess.start(folder, config, env=clean_environ(folder, extra))
+    return DaemonProcess.start(folder, config, env=clean_environ(folder, extra), python=python)
 
 
-async def run(plan: Plan, in_flight: int, flipped_variant: bool, folder: Path) -> dict[str, Any]:
+async def run(
+    plan: Plan, in_flight: int, flipped_variant: bool, folder: Path, before: str | None = None
+) -> dict[str, Any]:
     echo_process, echo_address = start_echo()
-    (folder / "no-poll").mkdir()
     try:
-        with (
-            start_daemon(folder) as daemon,
-            start_daemon(folder / "no-poll", busy_poll_us=0) as no_poll,
-        ):
+        with contextlib.ExitStack() as stack:
+            daemon = stack.enter_context(start_daemon(folder))
+            no_poll = stack.enter_context(start_daemon(folder / "no-poll", busy_poll_us=0))
+            others = {}
+            if before is not None:
+                others["daemon-before"] = stack.enter_context(
+                    start_daemon(folder / "before", python=before)
+                )
             result = await run_targets(
-                plan, in_flight, flipped_variant, echo_address, daemon, no_poll
+                plan, in_flight, flipped_variant, echo_address, daemon, no_poll, others
             )
             return {"daemon_controller_cpus": daemon.controller_cpus(), **result}
     finally:
@@ -332,11 +374,15 @@ async def run_targets(
     echo_address: str,
     daemon: DaemonProcess,
     no_poll: DaemonProcess,
+    others: dict[str, DaemonProcess],
 ) -> dict[str, Any]:
     echo = await AsyncClient.connect(echo_address)
-    plain = await AsyncClient.connect(daemon.api)
-    targets = [Target("echo", echo), Target("daemon", plain, is_daemon=True)]
-    targets.append(Target("daemon-no-poll", await AsyncClient.connect(no_poll.api), is_daemon=True))
+    targets = [Target("echo", echo)]
+    daemons = {"daemon": daemon, "daemon-no-poll": no_poll, **others}
+    for name, process in daemons.items():
+        client = await AsyncClient.connect(process.api)
+        targets.append(Target(name, client, is_daemon=True, processes=daemon_processes(process)))
+    plain = targets[1].client
     if flipped_variant:
         targets.append(await flipped_target(daemon))
     try:
@@ -346,6 +392,22 @@ async def run_targets(
         for target in targets:
             await target.client.close()
     return report(targets, final_stats, lag, in_flight)
+
+
+def daemon_processes(daemon: DaemonProcess) -> dict[str, int]:
+    """The daemon's process and its one local executor's."""
+    executors = children(daemon.pid)
+    return {"daemon": daemon.pid, **({"executor": executors[0]} if len(executors) == 1 else {})}
+
+
+def per_serial_request(target: Target) -> dict[str, dict[str, float]]:
+    """CPU µs and voluntary/involuntary context switches per serial request, per process."""
+    count = len(target.samples.serial_ns)
+    return {
+        name: {key: round(value / count, 2) for key, value in sorted(cost.items())}
+        for name, cost in target.process_cost.items()
+        if count
+    }
 
 
 def target_report(target: Target) -> dict[str, Any]:
@@ -363,6 +425,7 @@ def target_report(target: Target) -> dict[str, Any]:
         row["daemon_timing"] = {key: summarize_ns(v) for key, v in s.daemon_ns.items()}
         row["pipelined_batch_sizes"] = dict(sorted(s.batch_sizes.items()))
         row["controller_cost_per_request"] = per_request_us(s.cost)
+        row["processes_per_serial_request"] = per_serial_request(target)
     return row
 
 
@@ -435,7 +498,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(
                 f"{name}: controller per request (µs) {cost}; daemon timing of serial requests "
                 f"(p50, p99 µs) {timing}; pipelined batch sizes {row['pipelined_batch_sizes']}; "
-                f"statuses {row['statuses']}"
+                f"statuses {row['statuses']}; per serial request (CPU µs, context switches) "
+                f"{row['processes_per_serial_request']}"
             )
     for phase, lag in result["daemon_loop_lag_us"].items():
         print(f"daemon loop lag after the {phase} phase (ready-callback wait, µs): {lag}")
@@ -448,6 +512,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pipeline", type=int, default=32, help="requests in flight")
     parser.add_argument(
         "--no-flipped", action="store_true", help="skip the daemon-(un)pinned target"
+    )
+    parser.add_argument(
+        "--before",
+        metavar="PYTHON",
+        help="also measure a daemon run by this interpreter (another install) as daemon-before",
     )
     parser.add_argument("--json", type=Path, help="default: results/overhead.json")
     parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
@@ -464,7 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     json_path = RESULTS / "overhead.json" if args.json is None else args.json
     with tempfile.TemporaryDirectory(prefix="clockwork-overhead-") as folder:
         try:
-            result = run_uvloop(run(plan, args.pipeline, not args.no_flipped, Path(folder)))
+            flipped = not args.no_flipped
+            result = run_uvloop(run(plan, args.pipeline, flipped, Path(folder), args.before))
         finally:
             keep_log(Path(folder) / "daemon.log", json_path.with_name("overhead-daemon.log"))
     result = {"quick": args.quick, "machine": machine, "plan": plan.__dict__, **result}

@@ -57,6 +57,7 @@ if [[ -f benchmarks/controller.py ]]; then
     run controller benchmarks.controller $mode
 fi
 run overhead benchmarks.overhead $mode --json results/overhead.json
+run overhead_v2 benchmarks.overhead_v2 $mode --json results/overhead_v2.json
 run cpu_serving benchmarks.cpu_serving $mode --json results/cpu_serving.json
 run faults benchmarks.faults $mode --json results/faults.json
 run fuzz_api benchmarks.fuzz_api $mode

@@ -3,7 +3,9 @@
 Invariant: backends are blocking and stateless about time. The host (`host.py`) owns windows,
 lanes, page accounting and input validation; a backend only registers model files, places
 weights into the arena pages the host hands it, runs inference, and releases what it made.
-Every method is called from one lane thread at a time for a given model.
+Every method is called from one thread at a time for a given model: a lane thread, or for a
+short INFER on a host-memory backend (device ``cpu`` or ``sim``) the executor's event loop
+thread (`inline.py`), so a backend keeps no per-thread state for them.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
 """Lanes: one thread per kind of work, each running strictly one action at a time.
 
 Invariants:
-- A lane runs at most one job at a time, in its own thread, never the event loop's.
+- A lane runs at most one job at a time: in its own thread, or, through `Lane.run_now`, on
+  the calling thread when the lane is idle (every job submitted so far answered, so nothing
+  queued or running) and the job is due now; the caller submits nothing meanwhile (it is busy
+  running the job), so the lane thread never starts another beside it.
 - Jobs go in the order of `lane_rules.LaneQueue` (smallest ``earliest_ns`` first, ties in
   order of arrival, never before ``earliest_ns``); a job that cannot start by its
   ``latest_ns`` is rejected (``TOO_LATE``) without running.
 - Every submitted job gets exactly one callback: ``run`` or ``reject`` (too late, or the lane
-  closed before it started). Callbacks run in the lane thread; posting results to the event
-  loop is the caller's business (`host.py` uses ``loop.call_soon_threadsafe``).
+  closed before it started). Callbacks of submitted jobs run in the lane thread; posting
+  results to the event loop is the caller's business (`host.py` uses
+  ``loop.call_soon_threadsafe``). A job `run_now` takes runs on the caller's thread, at once.
 - ``close`` lets the running job finish, rejects the queued ones and joins the thread.
 
 The ordering is the pure `lane_rules.LaneQueue`, which the simulator drives on its virtual
@@ -132,6 +136,10 @@ class Lane:
         self._inbox: queue.SimpleQueue[LaneJob] = queue.SimpleQueue()
         self._submitting = threading.Lock()  # a submit never lands behind CLOSE_LANE
         self._closing = False
+        # Jobs submitted, and jobs the thread answered: equal when the lane is idle. Each is
+        # written by one thread only (submitters hold _submitting), so no update is lost.
+        self._submitted = 0
+        self._answered = 0
         self._thread = threading.Thread(target=self._serve, name=f"lane-{name}", daemon=True)
 
     def start(self) -> None:
@@ -144,7 +152,29 @@ class Lane:
         with self._submitting:
             if self._closing:
                 raise LaneClosed(f"lane {self.name!r} is closed")
+            self._submitted += 1
             self._inbox.put(job)
+
+    def run_now(
+        self, earliest_ns: int, latest_ns: int, run: Callable[[int], None], *, wait_ns: int = 0
+    ) -> bool:
+        """Call ``run(start_ns)`` on the calling thread if the lane is idle and the window is
+        open now or opens within ``wait_ns`` (then spin to it, as the lane would): no hand-off
+        to the lane thread and no wake-up of it. Returns False, having run nothing, otherwise
+        (closing, busy, too early or too late: `submit` it, and the lane waits or rejects).
+        Holds the submit lock while it runs, so nothing can be submitted beside it; ``close``
+        waits for it as for a running job."""
+        with self._submitting:
+            if self._closing or self._submitted != self._answered:
+                return False
+            now_ns = self._clock.now_ns()
+            if now_ns < earliest_ns and earliest_ns - now_ns <= wait_ns:
+                self._clock.spin_until(earliest_ns)
+                now_ns = self._clock.now_ns()
+            if not earliest_ns <= now_ns <= latest_ns:
+                return False
+            _guarded(run, now_ns)
+            return True
 
     def close(self) -> None:
         """Stop taking jobs, let the running one finish, reject the queued ones (CLOSED) and
@@ -170,6 +200,7 @@ class Lane:
                 _guarded(step.job.run, self._clock.now_ns())
             else:
                 _guarded(step.job.reject, Rejection.TOO_LATE, self._clock.now_ns())
+            self._answered += 1  # after the callback: run_now waits for it to end
 
     def _next_due(self) -> RunJob[LaneJob] | RejectJob[LaneJob] | None:
         """Block until a job is due (to run or to reject); None once closing."""

@@ -4,13 +4,15 @@ Invariant: a model moves only along ``REGISTERING -> REGISTERED -> LOADING -> LO
 UNLOADING -> REGISTERED`` (plus ``LOADING -> REGISTERED`` when a load fails, ``UNLOADING ->
 LOADED`` when the backend fails to release, and out of the registry from ``REGISTERING`` or
 ``REGISTERED``); `ModelEntry.move` raises `InvalidTransition` for any other move and then
-changes nothing.
+changes nothing. `model_info` is the answer a registered model gives (ModelInfo).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from clockwork_async.wire.messages import ModelInfo
 
 from .backend import LoadedModel, PageRun, RegisteredModel
 
@@ -59,3 +61,16 @@ class ModelEntry:
         if (self.state, to) not in _ALLOWED_MOVES:
             raise InvalidTransition(f"model {self.name!r}: {self.state} -> {to} is not allowed")
         self.state = to
+
+
+def model_info(action_id: int, model: RegisteredModel) -> ModelInfo:
+    """The answer to a successful RegisterModel of ``model``."""
+    return ModelInfo(
+        action_id=action_id,
+        model=model.name,
+        weights_bytes=model.weights_bytes,
+        pages_needed=sum(model.run_pages),
+        inputs=tuple(model.inputs),
+        outputs=tuple(model.outputs),
+        batch_sizes=tuple(model.batch_sizes),
+    )

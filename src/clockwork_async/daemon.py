@@ -46,7 +46,9 @@ from clockwork_async import daemon_setup as setup
 from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
+from clockwork_async.frontends import FrontEndError, FrontEnds
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.ioarena.shared import ArenaError, IoArena
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import Driver
@@ -110,8 +112,10 @@ class Daemon:
         )
         self.driver = Driver(config.controller, runtime=setup.runtime_config(config))
         self.supervisor: Supervisor | None = None
+        self.io_arena: IoArena | None = None  # shared tensor memory of the local executors
         self.service: DaemonService | None = None
         self.api: ApiServer | None = None
+        self.front_ends: FrontEnds | None = None  # HTTP and gRPC (frontends.py)
         self.endpoint: HttpEndpoint | None = None
         self.api_address = ""
         self.metrics_address = ""
@@ -244,8 +248,10 @@ class Daemon:
     async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
         specs = setup.executor_specs(self.config, unpinned_cpus, self.controller_cpu)
         try:
+            self._open_arena(len(specs))
             if specs:
-                self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))
+                supervisor_config = setup.supervisor_config(self.config, self.io_arena)
+                self.supervisor = Supervisor(specs, supervisor_config)
                 await self.supervisor.start()
                 await self.driver.attach_supervised(self.supervisor)
                 self._count_restarts(self.supervisor)
@@ -254,6 +260,18 @@ class Daemon:
                 await self.driver.attach_executor(remote.name, address, token=remote.token)
         except (SupervisorError, LinkError, OSError) as error:
             raise StartError(f"executors: {error}") from error
+
+    def _open_arena(self, local_executors: int) -> None:
+        """The IO arena, handed to the request path (API, dispatcher), the metrics and, at
+        spawn, the local executors. Raises StartError naming the key."""
+        try:
+            self.io_arena = setup.io_arena(self.config, local_executors)
+        except ArenaError as error:
+            raise StartError(f"server.io_arena_bytes: {error}") from error
+        self.driver.dispatcher.use_arena(self.io_arena)
+        if self.api is not None:
+            self.api.io_arena = self.io_arena
+        self.metrics.set_arena(self.io_arena)
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
         for name in supervisor.children:
@@ -306,22 +324,31 @@ class Daemon:
         )
         self.api = api
         try:
-            context = None
+            context, tls = None, None
             if server.tls_cert_path is not None and server.tls_key_path is not None:
-                context = server_ssl_context(server.tls_cert_path, server.tls_key_path)
+                tls = (server.tls_cert_path, server.tls_key_path)
+                context = server_ssl_context(*tls)
             await api.bind(str(server.listen), ssl=context)
+            self.front_ends = FrontEnds(
+                api, self.config.http, self.config.grpc, ssl=context, tls_paths=tls
+            )
+            await self.front_ends.bind()
         except OSError as error:  # the server is CLOSED then: closing it returns at once
             raise StartError(
                 f"server.listen = {server.listen}: the client API cannot listen there: {error}"
             ) from error
+        except FrontEndError as error:
+            raise StartError(str(error)) from error
+        api.on_answer = self.metrics.observe_answer
         self.api_address = api.address
         self.metrics.set_snapshot_source(
             setup.snapshot_source(self.driver.snapshot, lambda: api.connection_count)
         )
 
     async def _serve_api(self) -> None:
-        assert self.api is not None
+        assert self.api is not None and self.front_ends is not None
         await self.api.serve()
+        await self.front_ends.serve()
 
     async def _start_metrics(self) -> None:
         self._spawn(probe_loop_lag(self.metrics.observe_loop_lag))
@@ -339,7 +366,7 @@ class Daemon:
 
     def _announce(self) -> None:
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         print(f"clockwork-async serving: {self._addresses(models)}", file=self._out, flush=True)
         self._status_sent = self._status_line()
         self._notifier.ready(self._status_sent)
@@ -348,12 +375,13 @@ class Daemon:
     def _addresses(self, models: int) -> str:
         metrics = f"http://{self.metrics_address}/metrics" if self.metrics_address else "off"
         executors = len(self.config.executors)
-        return f"api={self.api_address} metrics={metrics} models={models} executors={executors}"
+        v2 = self.front_ends.describe() if self.front_ends is not None else ""
+        return f"api={self.api_address} metrics={metrics}{v2} models={models} executors={executors}"
 
     def _status_line(self) -> str:
         """systemd's ``STATUS=`` while serving: ``/readyz``'s state, models and executors."""
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         executors = self.driver.snapshot().executors
         up = sum(executor.up for executor in executors)
         readiness = self._readiness()
@@ -419,6 +447,9 @@ class Daemon:
         if self.service is not None:
             self.service.accepting = False
         self._notifier.stopping(f"draining {self.driver.snapshot().outstanding} requests")
+        if self.service is not None:  # nothing of a registration cut short stays anywhere
+            stopping = self.service.cancel_registrations("the daemon is shutting down")
+            await self._until_forced(stopping)
         await self._drain()
         await self._stop_all()
         self._enter(DaemonState.STOPPED)
@@ -427,14 +458,16 @@ class Daemon:
         """Let in-flight requests finish (new ones are answered ``shutting_down``) for up to
         the drain timeout, then answer the rest; the API server flushes their replies."""
         drain_s = self.config.server.limits.drain_timeout_s
-        closing = None
+        closing: list[asyncio.Future[None]] = []
         if self.api is not None:
-            closing = asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S))
+            closing.append(asyncio.ensure_future(self.api.close(drain_s + FLUSH_MARGIN_S)))
+        if self.front_ends is not None:
+            closing.append(asyncio.ensure_future(self.front_ends.close(drain_s + FLUSH_MARGIN_S)))
         await self._until_forced(self.driver.drain(drain_s))
         if self._force.is_set():
             await self.driver.close()  # answers everything left, at once
-        if closing is not None:
-            await closing
+        if closing:
+            await asyncio.gather(*closing)
 
     async def _until_forced(self, work: Coroutine[Any, Any, None]) -> None:
         """Await ``work`` unless a second stop request comes first (then cancel it)."""
@@ -453,6 +486,8 @@ class Daemon:
             self._watchdog.cancel()
         if self.api is not None:
             await self.api.close(0.0)
+        if self.front_ends is not None:
+            await self.front_ends.close(0.0)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -463,6 +498,8 @@ class Daemon:
             if self._force.is_set():
                 self._kill_executors(self.supervisor)
             await self.supervisor.close()
+        if self.io_arena is not None:
+            self.io_arena.close()  # no executor maps it any more; its memory goes with the fd
 
     @staticmethod
     def _kill_executors(supervisor: Supervisor) -> None:
@@ -470,3 +507,8 @@ class Daemon:
             if child.process is not None and child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
+
+
+def _served_count(service: DaemonService) -> int:
+    """Model instances served (registrations still running or failed are not)."""
+    return sum(status.state in ("ready", "loaded") for status in service.list_models())

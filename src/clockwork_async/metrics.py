@@ -26,8 +26,9 @@ from prometheus_client.process_collector import ProcessCollector
 from clockwork_async import build
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.runtime.requests import ActionRecord
-from clockwork_async.wire.messages import ActionResult
+from clockwork_async.wire.messages import ActionResult, ApiCode
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,11 @@ DROP_REASONS = frozenset(
 )
 ANSWERED_WITH_OUTPUTS = frozenset({Outcome.OK, Outcome.LATE})
 PREDICTION_KINDS = ("infer", "load")
+PROTOCOLS = frozenset({"msgpack", "http", "grpc"})
+# Statuses of answered infers: outcomes, client-API codes and the v2 front ends' own refusals.
+ANSWER_STATUSES = frozenset(
+    {*Outcome, *ApiCode, "unauthorized", "too_large", "request_timeout", "not_found"}
+)
 # Executor lanes whose busy time is counted: one execute lane and one load lane per executor.
 BUSY_KINDS = ("infer", "load")
 MAX_EXECUTOR_LABELS = 256
@@ -131,6 +137,8 @@ class Metrics:
         self._define_histograms(registry)
         self._live = _LiveCollector(self._group, self._executor)
         registry.register(self._live)
+        self._arena = _ArenaCollector()
+        registry.register(self._arena)
         if include_process:
             ProcessCollector(namespace="", registry=registry)
 
@@ -149,6 +157,12 @@ class Metrics:
         )
         self.drops = counter(
             "drops", "Valid requests not answered ok in time, by reason.", ["group", "reason"]
+        )
+        self.api_requests = counter(
+            "api_requests",
+            "Infer requests answered, by front end (msgpack, http, grpc) and status (an "
+            "outcome, or the front end's own refusal such as unauthorized or bad_request).",
+            ["protocol", "status"],
         )
         self.evictions = counter("evictions", "Models unloaded to free pages.", ["group"])
         self.executor_restarts = counter(
@@ -272,6 +286,13 @@ class Metrics:
         elif action.kind == "unload":
             self.observe_eviction(group)
 
+    def observe_answer(self, protocol: str, status: str) -> None:
+        """One infer answered by front end ``protocol`` with ``status`` (labels outside the
+        fixed sets count as ``other``)."""
+        protocol = protocol if protocol in PROTOCOLS else OTHER
+        status = status if status in ANSWER_STATUSES else OTHER
+        self.api_requests.labels(protocol, status).inc()
+
     def observe_prediction(self, kind: str, error_s: float) -> None:
         """``error_s`` = actual - predicted duration of an ``infer`` or ``load`` action."""
         if kind not in PREDICTION_KINDS:
@@ -305,6 +326,10 @@ class Metrics:
         """Where the live gauges come from at scrape time (None: no live gauges)."""
         self._live.source = source
 
+    def set_arena(self, arena: IoArena | None) -> None:
+        """The IO arena whose occupancy is read at scrape time (None: no arena gauges)."""
+        self._arena.arena = arena
+
     def _group_label(self, group: str) -> str:
         label = self._group(group)
         if label not in self._groups_seen:  # so rate() sees every outcome from zero
@@ -335,6 +360,48 @@ class _LiveCollector:
             log.exception("metrics snapshot failed; live gauges left out of this scrape")
             return
         yield from _live_families(snapshot, self._group, self._executor, samples=True)
+
+
+class _ArenaCollector:
+    """The IO arena's occupancy and refusals, read from it at scrape time."""
+
+    CAUSES = ("full", "share", "too_large")
+
+    def __init__(self) -> None:
+        self.arena: IoArena | None = None
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        if self.arena is not None:
+            yield from self._families(self.arena)
+
+    def _families(self, arena: IoArena | None) -> Iterator[Metric]:
+        gauges = {
+            "io_arena_used_bytes": ("IO arena bytes held by slots (requests' tensors).", "used"),
+            "io_arena_capacity_bytes": ("IO arena bytes slots can take (fixed).", "capacity"),
+            "io_arena_slots": ("IO arena slots live (inputs and output regions).", "slots"),
+        }
+        values = {}
+        if arena is not None:
+            values = {
+                "used": arena.used_bytes,
+                "capacity": arena.capacity_bytes,
+                "slots": arena.live_slots,
+            }
+        for name, (doc, key) in gauges.items():
+            yield GaugeMetricFamily(f"clockwork_{name}", doc, value=values.get(key))
+        refusals = CounterMetricFamily(
+            "clockwork_io_arena_refusals",
+            "Requests refused at the door for want of IO arena room, by cause "
+            "(full, share: the connection's share, too_large: over any one request's).",
+            labels=["cause"],
+        )
+        counts = arena.refusals if arena is not None else {}
+        for cause in self.CAUSES if arena is not None else ():
+            refusals.add_metric([cause], counts.get(cause, 0))
+        yield refusals
 
 
 def _live_families(

@@ -26,7 +26,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-SERVING = re.compile(r"^clockwork-async serving: api=(\S+) metrics=(\S+)")
+SERVING = re.compile(
+    r"^clockwork-async serving: api=(\S+) metrics=(\S+)(?: http=(\S+))?(?: grpc=(\S+))?"
+)
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 _OWN_VARIABLES = ("CLOCKWORK_ASYNC_", "NOTIFY_SOCKET", "WATCHDOG_", "STATE_DIRECTORY")
@@ -61,6 +63,10 @@ listen = "127.0.0.1:0"
 drain_timeout_s = {drain_timeout_s}
 log_level = "{log_level}"
 [metrics]
+listen = "127.0.0.1:0"
+[http]
+listen = "127.0.0.1:0"
+[grpc]
 listen = "127.0.0.1:0"
 [repository]
 path = "{folder / "models"}"
@@ -105,12 +111,16 @@ class DaemonProcess:
         metrics_url: str,
         log_path: Path,
         log_offset: int = 0,
+        front_ends: Mapping[str, str] | None = None,
     ) -> None:
         self.process = process
         self.api = api  # HOST:PORT of the client API
         self.metrics_url = metrics_url  # http://HOST:PORT/metrics
         self.log_path = log_path  # stderr, appended to (a restart in one folder shares it)
         self._log_offset = log_offset  # where this process's part of the log starts
+        ends = front_ends or {}
+        self.http = ends.get("http", "off")  # HOST:PORT of the Open Inference Protocol, or off
+        self.grpc = ends.get("grpc", "off")
 
     @classmethod
     def start(
@@ -143,12 +153,13 @@ class DaemonProcess:
                 preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus),
             )
         try:
-            api, metrics_url = wait_serving(process, timeout_s)
+            match = _wait_serving_line(process, timeout_s)
         except (RuntimeError, TimeoutError) as error:
             kill_daemon(process)
             tail = log_path.read_text(errors="replace")[-4000:]
             raise RuntimeError(f"the daemon did not start ({error}):\n{tail}") from None
-        return cls(process, api, metrics_url, log_path, log_offset)
+        ends = {"http": match.group(3) or "off", "grpc": match.group(4) or "off"}
+        return cls(process, match.group(1), match.group(2), log_path, log_offset, ends)
 
     @property
     def pid(self) -> int:
@@ -237,6 +248,11 @@ class DaemonProcess:
 def wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str]:
     """Read the daemon's stdout until its serving line; return (api address, metrics URL).
     Raises RuntimeError if it exited, TimeoutError if it did not serve in time."""
+    match = _wait_serving_line(process, timeout_s)
+    return match.group(1), match.group(2)
+
+
+def _wait_serving_line(process: subprocess.Popen[bytes], timeout_s: float) -> re.Match[str]:
     assert process.stdout is not None
     deadline = time.monotonic() + timeout_s
     while (left_s := deadline - time.monotonic()) > 0:
@@ -248,7 +264,7 @@ def wait_serving(process: subprocess.Popen[bytes], timeout_s: float) -> tuple[st
             raise RuntimeError(f"the daemon exited with status {process.wait()}")
         match = SERVING.match(line)
         if match:
-            return match.group(1), match.group(2)
+            return match
     raise TimeoutError(f"no serving line within {timeout_s:g} s")
 
 

@@ -28,6 +28,8 @@ def sim_daemon(folder: Path, **settings: str) -> Daemon:
     overrides = {
         "server.listen": "127.0.0.1:0",
         "metrics.listen": "127.0.0.1:0",
+        "http.listen": "127.0.0.1:0",
+        "grpc.listen": "127.0.0.1:0",
         "repository.path": str(folder / "models"),
         "repository.profile_cache_dir": str(folder / "profiles"),
         "executors": '[{backend = "simulated", page_bytes = 1048576, weights_bytes = 16777216}]',

@@ -26,6 +26,8 @@ DEMO_MODELS = {"tiny", "mlp", "resnet-like"}
 FREE_PORTS = {
     "CLOCKWORK_ASYNC_SERVER_LISTEN": "127.0.0.1:0",
     "CLOCKWORK_ASYNC_METRICS_LISTEN": "127.0.0.1:0",
+    "CLOCKWORK_ASYNC_HTTP_LISTEN": "127.0.0.1:0",
+    "CLOCKWORK_ASYNC_GRPC_LISTEN": "127.0.0.1:0",
 }
 # Registration profiles each demo model at every batch size; the default counts (2 warm-up and
 # 10 measured INFERs each, 2 LOADs) are for stable predictions, which these tests do not

@@ -401,6 +401,83 @@ def test_a_load_without_pending_unloads_is_refused_at_once(driver: Driver) -> No
         driver.unload(name)
 
 
+# --- short INFERs run inline on the loop thread ------------------------------------------------
+
+
+class Posted:
+    """A ``post`` that records from which thread each reply was posted, then delivers it."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def __call__(self, callback: Callable[[], None]) -> None:
+        self.threads.append(threading.get_ident())
+        callback()
+
+
+def _inline_driver(backend: SimulatedBackend, **host_options: int) -> tuple[Driver, Posted]:
+    driver = Driver(backend, pages_total=1)
+    driver.host.close()  # rebuilt below with a recording post and the options
+    driver.host = ExecutorHost(backend, driver.pages, **host_options)
+    posted = Posted()
+    driver.host.start(posted)
+    return driver, posted
+
+
+def test_a_short_infer_runs_inline_once_it_ran_short() -> None:
+    backend = SimulatedBackend(CountingArena(16 * MIB, 1), slowdown=0.01)  # b1: 5 us
+    driver, posted = _inline_driver(backend)
+    try:
+        driver.register("m")
+        driver.load("m")
+        posts = len(posted.threads)
+        first = _result(driver.infer("m"))  # never ran: through the lane thread
+        assert first.ok and posted.threads[posts:] == [posted.threads[-1]]
+        assert posted.threads[-1] != threading.get_ident()
+        inline, posts = _answered_inline(driver, posted)
+        assert inline.ok and inline.received_ns <= inline.start_ns <= inline.end_ns
+        assert inline.outputs["output"][0, 0] == 1.0 and inline.durations_ns["execute"] > 0
+        assert _result(driver.infer("m", batch_size=2)).ok  # another batch size: the lane
+        assert len(posted.threads) == posts + 1
+        too_late = _result(driver.infer("m", earliest_ns=0, latest_ns=1))  # lane: rejected
+        assert too_late.code == ErrorCode.TOO_LATE
+        driver.unload("m")
+    finally:
+        driver.host.close()
+
+
+def _answered_inline(driver: Driver, posted: Posted) -> tuple[ActionResult, int]:
+    """Send INFERs until one is answered before ``submit`` returns, not posted (the lane
+    counts a job answered only after its reply was posted, so the first may find it busy).
+    Returns that result and the posts made before it."""
+    inputs = {"input": np.ones((1, 4), np.float32)}
+    for _ in range(200):
+        posts = len(posted.threads)
+        action_id = driver.send(lambda i: Infer(i, "m", 1, inputs, 0, NEVER_NS))
+        if action_id in driver.replies.by_id and len(posted.threads) == posts:
+            return _result(driver.replies.by_id[action_id][0]), posts
+        driver.replies.wait(action_id)
+        time.sleep(0.001)
+    raise AssertionError("no INFER ran inline")
+
+
+@pytest.mark.parametrize("options", [{"inline_max_ns": 0}, {"inline_max_ns": 1}])
+def test_an_infer_longer_than_the_inline_bound_always_goes_through_the_lane(
+    options: dict[str, int],
+) -> None:
+    backend = SimulatedBackend(CountingArena(16 * MIB, 1), slowdown=0.01)
+    driver, posted = _inline_driver(backend, **options)
+    try:
+        driver.register("m")
+        driver.load("m")
+        for _ in range(3):
+            assert _result(driver.infer("m")).ok
+        assert len(posted.threads) == 5 and threading.get_ident() not in posted.threads
+        driver.unload("m")
+    finally:
+        driver.host.close()
+
+
 class FlakyBackend(SimulatedBackend):
     """Fails its first ``infer`` with a plain exception (a backend bug)."""
 

@@ -164,6 +164,112 @@ def test_a_failing_callback_does_not_stop_the_lane() -> None:
         lane.close()
 
 
+# --- run_now: a due job on the caller's thread when the lane is idle -------------------------
+
+
+def test_run_now_runs_a_due_job_on_the_calling_thread_when_the_lane_is_idle() -> None:
+    clock = VirtualClock(now_ns=1_000)
+    lane = Lane("inline", clock=clock)
+    lane.start()
+    ran: list[tuple[int, int]] = []
+    try:
+        assert lane.run_now(500, 2_000, lambda start: ran.append((start, threading.get_ident())))
+        assert ran == [(1_000, threading.get_ident())]  # at once, here
+        for earliest_ns, latest_ns in ((1_001, NEVER_NS), (0, 999)):  # not due, too late
+            assert not lane.run_now(earliest_ns, latest_ns, lambda _s: ran.append((0, 0)))
+        assert len(ran) == 1
+    finally:
+        lane.close()
+    assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append((0, 0)))  # closed
+    assert len(ran) == 1
+
+
+def test_run_now_waits_for_a_window_that_opens_within_its_wait() -> None:
+    clock = VirtualClock(now_ns=1_000)
+    lane = Lane("inline-wait", clock=clock)
+    lane.start()
+    starts: list[int] = []
+    try:
+        assert not lane.run_now(1_501, NEVER_NS, starts.append, wait_ns=500)  # opens too late
+        assert clock.now == 1_000 and starts == []
+        assert lane.run_now(1_500, NEVER_NS, starts.append, wait_ns=500)
+        assert starts == [1_500]  # spun to the window's start, as the lane would
+    finally:
+        lane.close()
+
+
+def test_run_now_declines_while_a_submitted_job_runs_or_waits() -> None:
+    started, release, finished = threading.Event(), threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def held(_start_ns: int) -> None:
+        started.set()
+        assert release.wait(5)
+        ran.append("held")
+
+    lane = Lane("held")
+    lane.start()
+    try:
+        lane.submit(LaneJob(0, NEVER_NS, held, _noop))
+        assert started.wait(5)
+        assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline"))
+        release.set()
+        far_ns = time.monotonic_ns() + 60 * 10**9
+        lane.submit(LaneJob(far_ns, NEVER_NS, lambda _s: ran.append("far"), _noop))  # waits
+        assert not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline"))
+    finally:
+        lane.close()
+    assert ran == ["held"]
+    lane = Lane("idle-again")
+    lane.start()
+    try:
+        lane.submit(LaneJob(0, NEVER_NS, lambda _s: finished.set(), _noop))
+        assert finished.wait(5)
+        deadline_s = time.monotonic() + 5  # the lane counts the job answered after its callback
+        while not lane.run_now(0, NEVER_NS, lambda _s: ran.append("inline")):
+            assert time.monotonic() < deadline_s
+            time.sleep(0.001)
+    finally:
+        lane.close()
+    assert ran == ["held", "inline"]
+
+
+def test_nothing_is_submitted_beside_a_job_run_now() -> None:
+    inside, release, lane_ran = threading.Event(), threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def inline(_start_ns: int) -> None:
+        inside.set()
+        assert release.wait(5)
+        events.append("inline ends")
+
+    def lane_job(_start_ns: int) -> None:
+        events.append("lane job")
+        lane_ran.set()
+
+    lane = Lane("exclusive")
+    lane.start()
+    runner = threading.Thread(target=lane.run_now, args=(0, NEVER_NS, inline))
+    runner.start()
+    try:
+        assert inside.wait(5)
+        submitter = threading.Thread(
+            target=lane.submit,
+            args=(LaneJob(0, NEVER_NS, lane_job, _noop),),
+        )
+        submitter.start()
+        submitter.join(0.05)
+        assert submitter.is_alive()  # it waits for the inline job to end
+        release.set()
+        submitter.join(5)
+        runner.join(5)
+        assert lane_ran.wait(5)
+    finally:
+        release.set()
+        lane.close()
+    assert events == ["inline ends", "lane job"]
+
+
 def test_real_lane_never_starts_a_job_before_its_earliest() -> None:
     starts: list[tuple[int, int]] = []
     finished = threading.Event()

@@ -1,7 +1,8 @@
 """Tokens and TLS on the real daemon's client API: one daemon with both tokens and a
 self-signed certificate (made with openssl by the ``certificate`` fixture; skipped without it).
 
-No token or a wrong one gets ``unauthorized`` and a closed connection; the ``infer`` token
+The HTTP and gRPC front ends (docs/protocol-v2.md) serve TLS with the same certificate and
+tokens. No token or a wrong one gets ``unauthorized`` and a closed connection; the ``infer`` token
 serves inference but not model changes (``forbidden``, the connection stays open); the
 ``admin`` token may add and remove models. A client that does not speak TLS fails cleanly (a
 named connect error, not a hang) and the daemon keeps serving TLS clients.
@@ -9,12 +10,17 @@ named connect error, not a hang) and the daemon keeps serving TLS clients.
 
 from __future__ import annotations
 
+import json
 import ssl
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
 from clockwork_async.api.auth import client_ssl_context
 from clockwork_async.client import ApiError, Client, ConnectError
@@ -129,3 +135,36 @@ def test_a_client_that_does_not_trust_the_certificate_fails_cleanly(
     with pytest.raises(ConnectError) as refused:
         connect(daemon, untrusting, INFER_TOKEN)
     assert refused.value.code == "unreachable" and "CERTIFICATE" in refused.value.message.upper()
+
+
+def test_the_v2_front_ends_serve_tls_with_the_same_tokens(
+    daemon: DaemonProcess, tls: ssl.SSLContext, certificate: tuple[Path, Path], good: GoodClient
+) -> None:
+    tensor = {"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 1, 1, 1]}
+    body = json.dumps({"inputs": [tensor]}).encode()
+
+    def post(token: str) -> int:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(
+            f"https://{daemon.http}/v2/models/tiny/infer", body, headers
+        )
+        try:
+            with urllib.request.urlopen(request, context=tls, timeout=30) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    assert (post(""), post("wrong-token-0123456789abcdef"), post(INFER_TOKEN)) == (401, 401, 200)
+    client = triton_grpc.InferenceServerClient(
+        daemon.grpc, ssl=True, root_certificates=str(certificate[0])
+    )
+    try:
+        row = triton_grpc.InferInput("input", [1, 4], "FP32")
+        row.set_data_from_numpy(ROW["input"])
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("tiny", [row])
+        assert refused.value.status() == "StatusCode.UNAUTHENTICATED"
+        answered = client.infer("tiny", [row], headers={"authorization": f"Bearer {INFER_TOKEN}"})
+        assert answered.as_numpy("output").shape == (1, 1000)
+    finally:
+        client.close()

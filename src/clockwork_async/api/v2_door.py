@@ -1,0 +1,323 @@
+"""What the Open Inference Protocol front ends (HTTP in `api.v2_http`, gRPC in `api.v2_grpc`)
+share: the door every request passes, the status vocabulary, SLO parameters, metadata.
+
+The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): the same
+``accepting_requests`` (so a drain answers ``shutting_down`` on every front end), the same
+``outstanding`` count and ``max_outstanding_total`` cap (so the server's drain waits for HTTP
+and gRPC requests too), the same routes (name -> served version) and tokens. A request is
+screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
+and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
+request is; a client batch of N rows is submitted as N requests and answered as one
+(`api.v2_rows`).
+
+Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
+until its one outcome; a caller that goes away (its task cancelled) cancels its request once;
+every refusal is a `V2Error` whose ``code`` is an outcome or `ApiCode` value (or one of the
+front ends' own codes below), mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and
+`GRPC_CODE`; the earliest of the SLOs a request gives wins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from clockwork_async.api.auth import Scope, TokenAuth
+from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests
+from clockwork_async.api.session import MAX_SLO_MS, slo_ms_to_ns
+from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
+from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
+from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.wire.messages import ModelStatus, TensorSpec
+
+log = logging.getLogger("clockwork_async.api.v2")
+
+NS_PER_US = 1_000
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ("binary_tensor_data", "parameters")
+READY_STATES = frozenset({"ready", "loaded"})
+MAX_ROWS = 1024  # rows of one client batch, each a request of its own
+
+
+class _Limits(Protocol):
+    @property
+    def max_outstanding_total(self) -> int: ...
+
+
+class DoorHost(Protocol):
+    """What the door needs of the client API server (`api.server.ApiServer` is one)."""
+
+    @property
+    def service(self) -> Admin: ...
+
+    @property
+    def requests(self) -> Requests: ...
+
+    @property
+    def limits(self) -> _Limits: ...
+
+    @property
+    def auth(self) -> TokenAuth: ...
+
+    @property
+    def accepting_requests(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]: ...
+
+    def request_started(self) -> None: ...
+
+    def request_ended(self) -> None: ...
+
+    def count_answer(self, protocol: str, status: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An infer's one outcome, and the version of the model it was routed to."""
+
+    outcome: InferOutcome
+    version: int
+
+
+@dataclass(slots=True)
+class _Ticket:
+    service_id: int | None = None
+    done: bool = False
+
+
+class Door:
+    """The Open Inference Protocol's way into the daemon, for one front end (``protocol``:
+    ``http`` or ``grpc``, the metrics' label)."""
+
+    def __init__(self, host: DoorHost, protocol: str, *, server_version: str) -> None:
+        self.host = host
+        self.protocol = protocol
+        self.server_version = server_version
+
+    # --- who may ----------------------------------------------------------------------------
+
+    def authorize(self, authorization: str | None) -> None:
+        """Check an ``Authorization: Bearer TOKEN`` value for the ``infer`` scope. Raises
+        V2Error (``unauthorized``)."""
+        if not self.host.auth.enabled:
+            return
+        token = ""
+        if authorization is not None:
+            scheme, _, value = authorization.strip().partition(" ")
+            token = value.strip() if scheme.lower() == "bearer" else ""
+        scopes = self.host.auth.scopes(token)
+        if scopes is None or Scope.INFER not in scopes:
+            raise V2Error(UNAUTHORIZED, "a bearer token with the infer scope is required")
+
+    # --- infer --------------------------------------------------------------------------------
+
+    def route(self, model: str, version: str | None) -> tuple[str, int]:
+        """Where requests for ``model`` (at ``version``, if given) go: the served name and its
+        version. Raises V2Error (``unknown_model``) for a version not served."""
+        route = self.host.routes.get(model)
+        if version is None or version == "":
+            return (route.target, route.version) if route is not None else (model, 0)
+        if route is None or version != str(route.version):
+            serving = f"; version {route.version} is" if route is not None else ""
+            raise V2Error(
+                Outcome.UNKNOWN_MODEL, f"model {model!r} version {version} is not served{serving}"
+            )
+        return route.target, route.version
+
+    async def infer(
+        self,
+        model: str,
+        version: str | None,
+        slo_ns: int | None,
+        nbytes: int,
+        build: Callable[[], Mapping[str, np.ndarray]],
+    ) -> Answer:
+        """Take one request: the caps, the dispatcher's screen (from the header alone), then
+        ``build()`` its tensors and submit them; returns its outcome. Raises V2Error for a
+        refusal before the request path (shutting down, over the cap, a bad version or
+        tensors); cancelling the awaiting task cancels the request."""
+        host = self.host
+        if not host.accepting_requests:
+            raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
+        if host.outstanding >= host.limits.max_outstanding_total:
+            limit = host.limits.max_outstanding_total
+            raise V2Error(Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)")
+        target, served_version = self.route(model, version)
+        reason = host.requests.screen(target, slo_ns, None, nbytes)
+        inputs: Mapping[str, np.ndarray] = {}
+        if reason is None:
+            try:
+                inputs = build()
+            except TensorError as error:
+                raise V2Error(Outcome.BAD_INPUT, str(error)) from None
+        rows = self._rows(model, inputs)
+        tickets = [_Ticket() for _ in rows]
+        futures = [
+            self._start(target, row, slo_ns, reason, nbytes, t)
+            for row, t in zip(rows, tickets, strict=True)
+        ]
+        try:
+            return Answer(join_outcomes(await asyncio.gather(*futures)), served_version)
+        except asyncio.CancelledError:
+            for ticket in tickets:
+                if ticket.service_id is not None and not ticket.done:
+                    host.requests.cancel(ticket.service_id)
+            raise
+
+    def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
+        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight. Only
+        then is the model's status read (its inputs' batch axes): a request of one row costs
+        no lookup."""
+        rows = leading_rows(inputs)
+        if rows == 1 or not has_batch_axis(self._inputs_of(model)):
+            return [inputs]
+        room = self.host.limits.max_outstanding_total - self.host.outstanding
+        if rows > min(room, MAX_ROWS):
+            why = f"a batch over {MAX_ROWS} rows, or more than the server has room for now"
+            raise V2Error(Outcome.OVERLOADED, why)
+        return split_rows(inputs, rows)
+
+    def _inputs_of(self, model: str) -> tuple[TensorSpec, ...]:
+        for status in self.host.service.list_models():
+            if status.name == model:
+                return status.inputs
+        return ()
+
+    def _start(
+        self,
+        target: str,
+        inputs: Mapping[str, np.ndarray],
+        slo_ns: int | None,
+        reason: str | None,
+        nbytes: int,
+        ticket: _Ticket,
+    ) -> asyncio.Future[InferOutcome]:
+        """Submit one row (or refuse it with the screen's ``reason``); its outcome's future."""
+        host = self.host
+        future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
+        host.request_started()
+
+        def on_reply(outcome: InferOutcome) -> None:
+            if ticket.done:
+                return
+            ticket.done = True
+            host.request_ended()
+            if not future.done():
+                future.set_result(outcome)
+
+        if reason is not None:
+            host.requests.refuse(target, reason, nbytes, on_reply)
+        else:
+            service_id = host.requests.submit(
+                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply
+            )
+            ticket.service_id = None if ticket.done else service_id
+        return future
+
+    def count(self, status: str) -> None:
+        """One infer answered with ``status`` (an outcome or a front end's code)."""
+        self.host.count_answer(self.protocol, status)
+
+    # --- health and metadata -----------------------------------------------------------------
+
+    def ready(self) -> bool:
+        return self.host.accepting_requests and self.host.service.health().ready
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "clockwork-async", "version": self.server_version, "extensions": EXTENSIONS}
+
+    def model_status(self, model: str, version: str | None) -> ModelStatus:
+        """The served model ``model`` (at ``version``, if given). Raises V2Error."""
+        self.route(model, version)
+        for status in self.host.service.list_models():
+            if status.name == model:
+                return status
+        raise V2Error(Outcome.UNKNOWN_MODEL, f"unknown model {model!r}")
+
+    def model_ready(self, model: str, version: str | None) -> bool:
+        try:
+            status = self.model_status(model, version)
+        except V2Error:
+            return False
+        return self.host.accepting_requests and status.state in READY_STATES
+
+    def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
+        """The repository extension's index: every served model, its version and state
+        (``READY`` or the daemon's word for it, upper-cased: ``PROFILING``, ``FAILED`` ... for
+        a registration not served, with its reason)."""
+        index = []
+        for status in self.host.service.list_models():
+            state = "READY" if status.state in READY_STATES else status.state.upper()
+            if state == "READY" or not ready_only:
+                entry = {"name": status.name, "version": str(status.version or 1)}
+                index.append({**entry, "state": state, "reason": status.reason})
+        return index
+
+    def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
+        """The protocol's model metadata object. Raises V2Error."""
+        status = self.model_status(model, version)
+        return {
+            "name": status.name,
+            "versions": [str(status.version or 1)],
+            "platform": PLATFORM,
+            "inputs": [tensor_metadata(spec) for spec in status.inputs],
+            "outputs": [tensor_metadata(spec) for spec in status.outputs],
+        }
+
+
+def tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
+    return {
+        "name": spec.name,
+        "datatype": DATATYPE_OF_DTYPE.get(spec.dtype, spec.dtype.upper()),
+        "shape": list(spec.shape),
+    }
+
+
+def slo_ns_of(parameters: Mapping[str, Any], deadline_left_s: float | None = None) -> int | None:
+    """A request's SLO from its parameters (Triton's ``timeout`` in microseconds, ``slo_ms``)
+    and a transport deadline (gRPC's time remaining), the earliest of those given; None when
+    none is (the model's default SLO). Checks ``priority`` (accepted, not used: the deadline
+    orders requests). Raises V2Error (``bad_input``)."""
+    candidates = []
+    timeout_us = parameters.get("timeout")
+    if timeout_us is not None:
+        if not _is_int(timeout_us) or timeout_us <= 0:
+            raise V2Error(
+                Outcome.BAD_INPUT, f"timeout must be microseconds > 0, not {timeout_us!r}"
+            )
+        candidates.append(_slo_ns(timeout_us / 1000.0, "timeout"))
+    slo_ms = parameters.get("slo_ms")
+    if slo_ms is not None:
+        if not isinstance(slo_ms, int | float) or isinstance(slo_ms, bool):
+            raise V2Error(Outcome.BAD_INPUT, f"slo_ms must be a number, not {slo_ms!r}")
+        candidates.append(_slo_ns(float(slo_ms), "slo_ms"))
+    if deadline_left_s is not None:
+        if deadline_left_s <= 0:
+            raise V2Error(Outcome.INFEASIBLE, "the request's deadline has passed")
+        candidates.append(_slo_ns(deadline_left_s * 1000.0, "the deadline"))
+    priority = parameters.get("priority")
+    if priority is not None and (not _is_int(priority) or priority < 0):
+        raise V2Error(Outcome.BAD_INPUT, f"priority must be an integer >= 0, not {priority!r}")
+    return min(candidates) if candidates else None
+
+
+def _slo_ns(slo_ms: float, what: str) -> int:
+    try:
+        return slo_ms_to_ns(min(slo_ms, MAX_SLO_MS) if math.isfinite(slo_ms) else slo_ms)
+    except ValueError as error:
+        raise V2Error(Outcome.BAD_INPUT, f"{what}: {error}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -1,0 +1,202 @@
+"""The Open Inference Protocol's HTTP endpoints: a parsed request in, a response out (or a
+coroutine making one, for an infer). No sockets: `api.v2_http` reads requests and writes what
+this returns.
+
+Invariants: every answer is JSON (an infer's may be followed by binary outputs), an error one
+being ``{"error": "code: sentence"}`` with the status of `v2_door.HTTP_STATUS` and a
+``clockwork-outcome`` header naming the code; health answers need no token, everything else
+the ``infer`` scope when tokens are configured; an infer echoes the request's ``id`` in its
+body and its ``traceparent`` header in its headers, and both go into the log line of its
+answer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import httptools
+
+from clockwork_async.api.v2_door import Door, slo_ns_of
+from clockwork_async.api.v2_status import (
+    BAD_REQUEST,
+    METHOD_NOT_ALLOWED,
+    NOT_FOUND,
+    NOT_READY,
+    RETRY_AFTER_S,
+    V2Error,
+)
+from clockwork_async.api.v2_tensors import (
+    EncodedResponse,
+    TensorError,
+    build_inputs,
+    encode_response,
+    error_body,
+    parse_request,
+    select_outputs,
+)
+from clockwork_async.core.outcomes import Outcome
+
+log = logging.getLogger("clockwork_async.api.v2")
+
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@dataclass(slots=True)
+class HttpRequest:
+    method: str = ""
+    url: bytearray = field(default_factory=bytearray)
+    headers: dict[str, str] = field(default_factory=dict)  # names lower-cased
+    body: bytearray = field(default_factory=bytearray)
+    keep_alive: bool = True
+    head_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    status: int
+    body: EncodedResponse
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def json_response(status: int, document: Any, *headers: tuple[str, str]) -> HttpResponse:
+    data = json.dumps(document, separators=(",", ":")).encode()
+    return HttpResponse(status, EncodedResponse(data), headers)
+
+
+def error_response(error: V2Error, *headers: tuple[str, str]) -> HttpResponse:
+    more = [*headers, ("clockwork-outcome", error.code)]
+    if error.code == Outcome.OVERLOADED:
+        more.append(("retry-after", str(RETRY_AFTER_S)))
+    return HttpResponse(error.http_status, EncodedResponse(error_body(error.text)), tuple(more))
+
+
+def route(door: Door, request: HttpRequest) -> HttpResponse | Any:
+    """The answer to ``request``: a response now, or a coroutine that makes one (infer)."""
+    try:
+        path = httptools.parse_url(bytes(request.url)).path.decode("utf-8")
+    except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
+        return error_response(V2Error(BAD_REQUEST, "malformed URL"))
+    parts = [unquote(part) for part in path.rstrip("/").split("/")[1:]]
+    try:
+        return _dispatch(door, request, parts)
+    except V2Error as error:
+        return error_response(error)
+
+
+def _dispatch(door: Door, request: HttpRequest, parts: list[str]) -> HttpResponse | Any:
+    if parts[:1] != ["v2"]:
+        raise V2Error(NOT_FOUND, "no such endpoint (the protocol's are under /v2)")
+    rest = parts[1:]
+    if rest in ([], ["health", "live"], ["health", "ready"]):
+        _method(request, "GET")
+        if not rest:
+            door.authorize(request.headers.get("authorization"))
+            return json_response(200, door.server_metadata())
+        ok = rest[1] == "live" or door.ready()
+        return json_response(200 if ok else 503, {"live": True} if rest[1] == "live" else {})
+    if rest[:1] == ["repository"]:
+        return _repository(door, request, rest[1:])
+    if len(rest) < 2 or rest[0] != "models":
+        raise V2Error(NOT_FOUND, f"no such endpoint: /v2/{'/'.join(rest)}")
+    model, version, action = _model_path(rest[1:])
+    door.authorize(request.headers.get("authorization"))
+    if action == "":
+        _method(request, "GET")
+        return json_response(200, door.model_metadata(model, version))
+    if action == "ready":
+        _method(request, "GET")
+        if door.model_ready(model, version):
+            return json_response(200, {})
+        raise V2Error(NOT_READY, f"model {model!r} is not ready")
+    _method(request, "POST")
+    return infer(door, request, model, version)
+
+
+def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpResponse:
+    """The model repository extension: its index; load and unload are not offered (models
+    change through the msgpack API's add_model/remove_model, docs/protocol-v2.md)."""
+    door.authorize(request.headers.get("authorization"))
+    _method(request, "POST")
+    if rest != ["index"]:
+        raise V2Error(NOT_FOUND, "of the repository extension only the index is served")
+    try:
+        options = json.loads(bytes(request.body) or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise V2Error(BAD_REQUEST, "the index request is not valid JSON") from None
+    ready_only = isinstance(options, dict) and options.get("ready") is True
+    return json_response(200, door.repository_index(ready_only))
+
+
+def _model_path(rest: list[str]) -> tuple[str, str | None, str]:
+    """(model, version or None, "" | "ready" | "infer") from the path after /v2/models."""
+    model, tail = rest[0], rest[1:]
+    version = None
+    if tail[:1] == ["versions"] and len(tail) >= 2:
+        version, tail = tail[1], tail[2:]
+    if tail in ([], ["ready"], ["infer"]):
+        return model, version, tail[0] if tail else ""
+    raise V2Error(NOT_FOUND, f"no such endpoint under model {model!r}")
+
+
+def _method(request: HttpRequest, allowed: str) -> None:
+    if request.method != allowed:
+        raise V2Error(METHOD_NOT_ALLOWED, f"{request.method} is not allowed here ({allowed} is)")
+
+
+async def infer(door: Door, request: HttpRequest, model: str, version: str | None) -> HttpResponse:
+    """One infer request, JSON or with the binary tensor data extension."""
+    trace = request.headers.get("traceparent")
+    echo = (("traceparent", trace),) if trace else ()
+    request_id = ""
+    try:
+        body = memoryview(request.body)
+        json_bytes = _header_bytes(request, body.nbytes)
+        header = parse_request(body[:json_bytes])
+        request_id = header.id
+        slo_ns = slo_ns_of(header.parameters)
+        answer = await door.infer(
+            model, version, slo_ns, body.nbytes, lambda: build_inputs(header, body[json_bytes:])
+        )
+        outcome = answer.outcome
+        if outcome.outcome not in (Outcome.OK, Outcome.LATE):
+            raise V2Error(outcome.outcome.value, outcome.message)
+        document: dict[str, Any] = {"model_name": model, "model_version": str(answer.version)}
+        if request_id:
+            document["id"] = request_id
+        if outcome.outcome is Outcome.LATE:
+            document["parameters"] = {"outcome": Outcome.LATE.value}
+        encoded = encode_response(document, select_outputs(outcome.outputs, header))
+    except TensorError as error:
+        failure = V2Error(BAD_REQUEST, str(error))
+        _log_answer(door, model, request_id, trace, failure.code, failure.message)
+        return error_response(failure, *echo)
+    except V2Error as error:
+        _log_answer(door, model, request_id, trace, error.code, error.message)
+        return error_response(error, *echo)
+    _log_answer(door, model, request_id, trace, outcome.outcome.value, "")
+    return HttpResponse(200, encoded, (*echo, ("clockwork-outcome", outcome.outcome.value)))
+
+
+def _header_bytes(request: HttpRequest, body_bytes: int) -> int:
+    """Where the JSON ends: the Inference-Header-Content-Length, else the whole body."""
+    if request.headers.get("content-encoding", "identity").lower() != "identity":
+        raise TensorError("compressed request bodies are not supported")
+    text = request.headers.get(HEADER_LENGTH)
+    if text is None:
+        return body_bytes
+    if not text.strip().isdigit() or int(text) > body_bytes:
+        raise TensorError(f"{HEADER_LENGTH} {text!r} must be an integer <= the body's length")
+    return int(text)
+
+
+def _log_answer(
+    door: Door, model: str, request_id: str, trace: str | None, code: str, message: str
+) -> None:
+    door.count(code)
+    if log.isEnabledFor(logging.DEBUG):
+        extra = {"request_id": request_id, "traceparent": trace or "", "protocol": "http"}
+        log.debug("infer %r answered %s %s", model, code, message, extra=extra)
