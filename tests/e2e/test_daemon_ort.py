@@ -29,14 +29,6 @@ FREE_PORTS = {
     "CLOCKWORK_ASYNC_HTTP_LISTEN": "127.0.0.1:0",
     "CLOCKWORK_ASYNC_GRPC_LISTEN": "127.0.0.1:0",
 }
-# Registration profiles each demo model at every batch size; the default counts (2 warm-up and
-# 10 measured INFERs each, 2 LOADs) are for stable predictions, which these tests do not
-# judge (as in test_typed_models): one warm-up (ONNX Runtime's first run is slow), two measured.
-FAST_PROFILING = {
-    "CLOCKWORK_ASYNC_PROFILER_WARMUP_ITERATIONS": "1",
-    "CLOCKWORK_ASYNC_PROFILER_ITERATIONS": "2",
-    "CLOCKWORK_ASYNC_PROFILER_LOAD_ITERATIONS": "1",
-}
 
 
 @dataclass
@@ -54,7 +46,7 @@ class Embedded:
 @pytest.fixture(scope="module")
 def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Embedded]:
     folder = tmp_path_factory.mktemp("embedded")
-    env = clean_environ(folder, FREE_PORTS | FAST_PROFILING)
+    env = clean_environ(folder, FREE_PORTS)
     cpus = set(sorted(os.sched_getaffinity(0))[-2:])
     daemon = DaemonProcess.start(folder, env=env, cpus=cpus)
     try:
