@@ -19,6 +19,7 @@ from clockwork_async.api.v2_tensors import (
     build_inputs,
     dtype_of,
     encode_response,
+    json_data,
     parse_request,
     select_outputs,
 )
@@ -269,3 +270,16 @@ def test_float32_json_outputs_in_the_short_decimal_range_read_back_bit_for_bit()
     encoded = encode_response({"model_name": "m"}, [("y", array, False)])
     assert len(encoded.json) < len(json.dumps(array.tolist()))  # short decimals, not doubles
     assert _json_values_back(encoded.json, "FP32").tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("value", "short"),
+    [(0.0, True), (-0.0, True), (2e-4, True), (-5.0, True), (1e18, True), (1.9e-4, False),
+     (1.1e18, False), (1e-45, False), (float("nan"), False), (float("inf"), False),
+     (float("-inf"), False)],
+)  # fmt: skip
+def test_float32_json_data_is_written_short_only_within_its_exact_range(
+    value: float, short: bool
+) -> None:
+    data = json_data(np.array([value, 1.0, 0.0], np.float32))
+    assert data.dtype == (np.float32 if short else np.float64)

@@ -349,9 +349,12 @@ def encode_response(
 # float32 magnitudes whose shortest float32 decimal (at most 9 digits), read as a double and
 # rounded to float32, is the value again: a double read can land on the midpoint between two
 # float32s (and round the wrong way) only for decimals within 2**-53 of it, which needs 13
-# or more decimals after the point (|x| < 1e-4) or a value over 2**63. With margin:
-_SHORT_FP32_MIN = 2e-4
-_SHORT_FP32_MAX = 1e18
+# or more decimals after the point (|x| < 1e-4) or a value over 2**63. With margin, as the
+# bits of |x| (ordered as |x| is, NaN above infinity) from the lowest, so one unsigned
+# comparison checks the range:
+_SHORT_FP32_LOW_BITS = int(np.float32(2e-4).view(np.uint32))
+_SHORT_FP32_SPAN_BITS = int(np.float32(1e18).view(np.uint32)) - _SHORT_FP32_LOW_BITS
+_ABS_BITS = 0x7FFF_FFFF
 
 
 def json_data(array: np.ndarray) -> np.ndarray:
@@ -363,16 +366,23 @@ def json_data(array: np.ndarray) -> np.ndarray:
     flat = np.ascontiguousarray(array, array.dtype.newbyteorder("=")).reshape(-1)
     if flat.dtype.kind != "f":
         return flat
-    if flat.dtype == np.float32 and flat.size:
-        magnitude = np.abs(flat)
-        in_range = (magnitude >= _SHORT_FP32_MIN) | (magnitude == 0)
-        if bool(in_range.all()) and float(magnitude.max()) <= _SHORT_FP32_MAX:
-            return flat
+    if flat.dtype == np.float32 and _short_fp32(flat):
+        return flat
     return flat.astype(np.float64)
 
 
+def _short_fp32(flat: np.ndarray) -> bool:
+    """Whether every value of a float32 array is 0 or has a magnitude in [2e-4, 1e18]."""
+    bits = flat.view(np.uint32) & np.uint32(_ABS_BITS)
+    offset = bits - np.uint32(_SHORT_FP32_LOW_BITS)  # wraps: below the range is huge
+    if offset.size == 0 or int(offset.max()) <= _SHORT_FP32_SPAN_BITS:
+        return True
+    return bool(((offset <= _SHORT_FP32_SPAN_BITS) | (bits == 0)).all())
+
+
 def _finite(data: np.ndarray) -> bool:
-    return data.dtype.kind != "f" or bool(np.isfinite(data).all())
+    """Whether `json_data`'s ``data`` holds no NaN or infinity (float32 there never does)."""
+    return data.dtype != np.float64 or bool(np.isfinite(data).all())
 
 
 def _as_list(value: object) -> object:
