@@ -32,3 +32,4 @@ class ExecutorConfig:
     io_bytes: int
     workspace_bytes: int
     cuda_weights: str
+    io_arena_fd: int | None  # an inherited IO arena descriptor to map (None: none)

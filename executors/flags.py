@@ -106,6 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--workspace-bytes", type=parse_bytes, default=DEFAULT_WORKSPACE_BYTES, help=workspace_help)
     weights_help = "cuda: weights bound as graph inputs, or as initializers of a session per LOAD"
     add("--cuda-weights", choices=("inputs", "initializers"), default="inputs", help=weights_help)
+    arena_help = "an inherited descriptor of the daemon's IO arena (shared tensor memory) to map"
+    add("--io-arena-fd", type=int, default=None, help=arena_help)
     add("--log-level", default="WARNING", help="logging level on stderr")
     return parser
 

@@ -22,13 +22,13 @@ Invariants:
   cache, and LOAD takes pages under the same lock: a page is never handed to a new model while
   a session can still read it. The host never evicts on its own.
 - A backend exception answers INTERNAL (or its BackendError code) and the executor serves on.
-- Registry and page cache are guarded by one lock, held only for bookkeeping, never while a
-  backend runs.
+- One lock guards registry and page cache, for bookkeeping only, never while a backend runs.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from clockwork_async.ioarena.shared import MappedArena
 from clockwork_async.lane_rules import (
     EXECUTE_LANE,
     LANE_OF,
@@ -63,10 +64,11 @@ from clockwork_async.wire.messages import (
 
 from .backend import Backend, BackendError, LoadedModel, PageRun, RegisteredModel
 from .inline import INLINE_MAX_NS, ShortInfers
+from .io_rows import run_rows, validate_rows
 from .lanes import Lane, LaneClock, LaneClosed, LaneJob, Rejection, WarmClock
 from .model_entry import ModelEntry, ModelState, model_info
 from .pages import NoPages, PageCache
-from .validation import Refused, validate_inputs, validate_window
+from .validation import Refused, validate_window
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +92,11 @@ class ExecutorHost:
         background_lanes: bool = False,
         keep_warm_ns: int = 0,
         inline_max_ns: int = INLINE_MAX_NS,
+        io_arena: MappedArena | None = None,
     ) -> None:
         self.backend = backend
         self._short = ShortInfers(backend.device, inline_max_ns)  # run on the loop thread
+        self.io_arena = io_arena  # the daemon's shared tensor memory, if it handed us one
         self._background_lanes = background_lanes  # lane threads yield to the event loop
         self._keep_warm_ns = keep_warm_ns  # the execute lane polls this long before it sleeps
         self._pages = page_cache
@@ -103,7 +107,7 @@ class ExecutorHost:
         self._unloading: set[str] = set()  # loaded models whose UNLOAD is pending
         self._models: dict[str, ModelEntry] = {}
         self._lanes: dict[str, Lane] = {}
-        self._post: Post = _call_now
+        self._post: Post = operator.call  # until `start`: call at once
         self._closed = False
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -197,6 +201,7 @@ class ExecutorHost:
             pages_total=self._pages.pages_total,
             pages_free=self.pages_free,
             clock_ns=self._now_ns(),
+            io_arena=self.io_arena.token if self.io_arena is not None else "",
         )
 
     # --- dispatch (event loop thread) ------------------------------------------------------
@@ -225,7 +230,7 @@ class ExecutorHost:
             self._enqueue(ActionKind.LOAD, window, action, reply, self._load)
         elif isinstance(action, Infer):
             validate_window(action.earliest_ns, action.latest_ns)
-            validate_inputs(self._require_known(action.model), action.batch_size, action.inputs)
+            validate_rows(self.io_arena, self._require_known(action.model), action)
             window = (action.earliest_ns, action.latest_ns)
             if not self._run_inline(action, reply):
                 self._enqueue(ActionKind.INFER, window, action, reply, self._infer)
@@ -441,7 +446,7 @@ class ExecutorHost:
     def _infer(self, action: Infer, start_ns: int) -> Message:
         with self._lock:
             loaded = self._loaded(action.model)
-        outputs, durations_ns = self.backend.infer(loaded, action.batch_size, action.inputs)
+        outputs, durations_ns = run_rows(self.backend, loaded, action, self.io_arena)
         result = self._success(action.action_id, start_ns, durations_ns, outputs=outputs)
         self._short.ran(action.model, action.batch_size, result.end_ns - start_ns)
         return result
@@ -484,10 +489,6 @@ class ExecutorHost:
         if entry.state is not _S.LOADED or entry.loaded is None:
             raise Refused(ErrorCode.NOT_LOADED, f"model {name!r} is {entry.state}, not loaded")
         return entry.loaded
-
-
-def _call_now(callback: Callable[[], None]) -> None:
-    callback()
 
 
 def _stamped(reply: Reply, received_ns: int, answer: Message) -> None:

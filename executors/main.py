@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from clockwork_async.connection import start_server
+from clockwork_async.ioarena.shared import ArenaError, map_shared
 from clockwork_async.wire.addresses import TcpAddress
 
 from .backend import BackendError
@@ -146,11 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"clockwork-async executor: {error}", file=sys.stderr)
         return 2
     pages = PageCache(backend.arena.pages_total)
+    try:
+        io_arena = None if config.io_arena_fd is None else map_shared(config.io_arena_fd)
+    except ArenaError as error:
+        print(f"clockwork-async executor: {error}", file=sys.stderr)
+        return 2
     host = ExecutorHost(
         backend,
         pages,
         background_lanes=background_lanes(config),
         keep_warm_ns=int(config.keep_warm_ms * 1e6),
+        io_arena=io_arena,
     )
     import uvloop
 

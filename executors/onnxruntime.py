@@ -29,15 +29,19 @@ arena into its own packed buffers (checked: perturbing the arena then changes no
 tensors, while NCHWc convolution weights stay in place). With it off, every weight stays in the
 arena but Gemm-heavy models run slower. Each model is measured at registration: both variants
 run the largest batch (2 warm-up runs, then 5 alternating timed runs, medians), and prepacking
-is chosen when it is at least ``PREPACK_MIN_SPEEDUP`` (1.10x) faster. The packed copy then
-counts as ``extra_host_bytes`` (estimated as the bytes of those B operands; MLAS packs them to
-about the same size). Models with no such operand skip the measurement and keep prepacking off.
-Measured on the 2-vCPU EPYC VM (pinned, machine shared, noisy): demo ``mlp`` (7.5 MB) b16
-0.59-0.85 ms in place vs 0.30-0.73 ms prepacked, b1 0.12-0.16 vs 0.11-0.15 ms; registration
-chose prepacking (+7.4 MB), at the price of LOAD 2.8 ms instead of 0.6 ms (memcpy 0.13-0.18 ms)
-because ONNX Runtime repacks at every session creation. ``resnet-like`` (19.7 MB, conv-bound)
-keeps its weights in place: LOAD 1.6-2.7 ms (memcpy floor 0.7-1.1 ms). Details and the table
-are in docs/architecture.md ("ONNX Runtime backend: weights in the arena").
+is chosen when it is at least ``PREPACK_MIN_SPEEDUP`` (1.10x) faster. A slow model (its first
+check run, at the smallest batch, took over ``SLOW_CHECK_NS``) is measured at the smallest batch
+with one warm-up and two timed runs instead, so that registering it takes a few runs of a row,
+not fourteen of the largest batch; a model with nothing to measure runs that check alone. The
+packed copy then counts as ``extra_host_bytes`` (estimated as the bytes of those B operands;
+MLAS packs them to about the same size). Models with no such operand skip the measurement and
+keep prepacking off. Measured on the 2-vCPU EPYC VM (pinned, machine shared, noisy): demo
+``mlp`` (7.5 MB) b16 0.59-0.85 ms in place vs 0.30-0.73 ms prepacked, b1 0.12-0.16 vs 0.11-0.15
+ms; registration chose prepacking (+7.4 MB), at the price of LOAD 2.8 ms instead of 0.6 ms
+(memcpy 0.13-0.18 ms) because ONNX Runtime repacks at every session creation. ``resnet-like``
+(19.7 MB, conv-bound) keeps its weights in place: LOAD 1.6-2.7 ms (memcpy floor 0.7-1.1 ms).
+Details and the table are in docs/architecture.md ("ONNX Runtime backend: weights in the
+arena").
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from .ort_graph import PLACEHOLDER_NAME
 PREPACK_MIN_SPEEDUP = 1.10
 PREPACK_WARMUP_RUNS = 2
 PREPACK_TIMED_RUNS = 5
+SLOW_CHECK_NS = 50_000_000  # a first run slower than this: measure little (registration's cost)
 Prepacking = Literal["measure", "on", "off"]
 
 
@@ -192,13 +197,37 @@ def example_feeds(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.
     return feeds
 
 
-def _time_runs_ns(sessions: Sequence[ort.InferenceSession], feeds: Mapping[str, Any]) -> list[int]:
+def _measure_prepacking(
+    model: OrtRegisteredModel, sessions: Sequence[ort.InferenceSession], check_ns: int
+) -> tuple[int, list[int]]:
+    """The batch size measured and each session's median time there: the largest batch, or
+    for a slow model (its check run over ``SLOW_CHECK_NS``) the smallest, with fewer runs."""
+    if check_ns > SLOW_CHECK_NS:
+        smallest = model.batch_sizes[0]
+        return smallest, _time_runs_ns(sessions, example_feeds(model.inputs, smallest), 1, 2)
+    largest = model.batch_sizes[-1]
+    return largest, _time_runs_ns(sessions, example_feeds(model.inputs, largest))
+
+
+def _run_once_ns(session: ort.InferenceSession, feeds: Mapping[str, Any]) -> int:
+    """One run's time: the check that the stripped graph runs, and how slow it is."""
+    start_ns = time.perf_counter_ns()
+    session.run(None, feeds)
+    return time.perf_counter_ns() - start_ns
+
+
+def _time_runs_ns(
+    sessions: Sequence[ort.InferenceSession],
+    feeds: Mapping[str, Any],
+    warmup_runs: int = PREPACK_WARMUP_RUNS,
+    timed_runs: int = PREPACK_TIMED_RUNS,
+) -> list[int]:
     """Median (nearest rank) run time of each session, timed alternately after warm-up runs."""
     for session in sessions:
-        for _ in range(PREPACK_WARMUP_RUNS):
+        for _ in range(warmup_runs):
             session.run(None, feeds)
     samples: list[list[int]] = [[] for _ in sessions]
-    for _ in range(PREPACK_TIMED_RUNS):
+    for _ in range(timed_runs):
         for session, times in zip(sessions, samples, strict=True):
             start_ns = time.perf_counter_ns()
             session.run(None, feeds)
@@ -307,7 +336,6 @@ class OnnxRuntimeBackend:
         """Set ``prepacked``, ``extra_host_bytes`` and ``prepack_measurement`` on ``model``,
         after checking that the stripped graph runs. Raises BackendError(BAD_MODEL)."""
         host_values = {t.name: ort.OrtValue.ortvalue_from_numpy(t.array) for t in model.tensors}
-        batch_size = max(model.batch_sizes)
         variants = _prepack_variants(self.prepacking, packable_bytes)
         try:
             sessions, session_ns = [], []
@@ -315,10 +343,15 @@ class OnnxRuntimeBackend:
                 start_ns = time.perf_counter_ns()
                 sessions.append(self._session(model, host_values, prepack))
                 session_ns.append(time.perf_counter_ns() - start_ns)
-            run_ns = _time_runs_ns(sessions, example_feeds(model.inputs, batch_size))
+            smallest = example_feeds(model.inputs, model.batch_sizes[0])
+            check_ns = _run_once_ns(sessions[0], smallest)
+            measured = (
+                _measure_prepacking(model, sessions, check_ns) if len(variants) == 2 else None
+            )
         except Exception as error:  # the stripped graph must build and run, or it is no model
             raise ort_graph.bad_model(path, f"its stripped graph does not run ({error})") from error
-        if len(variants) == 2:
+        if measured is not None:
+            batch_size, run_ns = measured
             model.prepack_measurement = PrepackMeasurement(batch_size, *run_ns, *session_ns)
             model.prepacked = run_ns[0] >= PREPACK_MIN_SPEEDUP * run_ns[1]
         else:

@@ -486,3 +486,40 @@ async def test_held_messages_go_out_at_the_high_water_mark_and_on_close() -> Non
     assert [getattr(m, "seq", None) for m in decoded(transport.writes)] == [1, None, 3]
     await asyncio.sleep(0)
     assert len(transport.writes) == 3
+
+
+async def test_when_written_waits_for_the_bytes_to_leave_or_the_connection_to_go() -> None:
+    arrived, finished = asyncio.Event(), asyncio.Event()
+
+    async def sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)  # then never again: the stream stops reading at its limit
+        arrived.set()
+        await finished.wait()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(sink, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = await open_connection(f"tcp:127.0.0.1:{port}")
+    done: list[str] = []
+    try:
+        client.send(Ping(1, 0))
+        client.when_written(lambda: done.append("small"))
+        assert done == []  # never at once: the transport may still hold the bytes
+        await arrived.wait()
+        await asyncio.sleep(0.05)
+        assert done == ["small"]  # it left the process
+        big = np.zeros(64 << 20, np.uint8)  # more than the kernel buffers take unread
+        client.send(Infer(2, "m", 1, {"x": big}, 0, 1))
+        client.when_written(lambda: done.append("big"))
+        await asyncio.sleep(0.2)
+        assert done == ["small"]  # the transport still points into ``big``
+    finally:
+        client.abort()
+        await client.wait_closed()
+        finished.set()
+        server.close()
+        await server.wait_closed()
+    assert done == ["small", "big"]  # the connection went, and the transport's hold with it
+    client.when_written(lambda: done.append("after"))
+    assert done[-1] == "after"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from clockwork_async.http_endpoint import (
     BadRequest,
+    HeadReader,
     HttpEndpoint,
     HttpLimits,
     Readiness,
@@ -39,15 +41,15 @@ def test_parse_a_well_formed_head() -> None:
 @pytest.mark.parametrize(
     ("head", "says"),
     [
-        (b"GET /metrics\r\n\r\n", "request line"),
-        (b"GET  /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "request line"),
+        (b"GET /metrics\r\n\r\n", "version 0.9"),  # llhttp reads it as HTTP/0.9
+        (b"GET /metrics HTTP/1.1 x\r\nHost: x\r\n\r\n", "malformed request"),
         (b"G(T /metrics HTTP/1.1\r\nHost: x\r\n\r\n", "method"),
         (b"GET http://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n", "absolute path"),
         (b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n", "version"),
         (b"GET /metrics HTTP/1.1\r\n\r\n", "Host"),
         (b"GET /metrics HTTP/1.1\r\nHost x\r\n\r\n", "header"),
         (b"GET /metrics HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", "header"),
-        (b"GET /metrics HTTP/1.1\r\nHost: x\x01\r\n\r\n", "control"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\x01\r\n\r\n", "header value"),
         (b"GET /metrics HTTP/1.1\r\nHost: x\r\n", "empty line"),
         (b"GET /metrics HTTP/1.1\r\n" + b"A: b\r\n" * 65 + b"Host: x\r\n\r\n", "too many"),
         (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", "too large"),
@@ -56,6 +58,22 @@ def test_parse_a_well_formed_head() -> None:
 def test_parse_refuses_malformed_heads(head: bytes, says: str) -> None:
     with pytest.raises(BadRequest, match=says):
         parse_head(head)
+
+
+def test_a_head_fed_in_pieces_is_read_once_complete_and_what_follows_is_not() -> None:
+    reader = HeadReader()
+    assert reader.feed(b"GE") is None
+    assert reader.feed(b"T /healthz HTTP/1.1\r\nHo") is None
+    request = reader.feed(b"st: x\r\n\r\nGET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert request == Request("GET", "/healthz", {"host": "x"})
+    assert reader.feed(b"anything at all") == request  # the head is read: nothing more is
+
+
+def test_a_head_that_never_ends_is_refused_once_over_the_limit() -> None:
+    reader = HeadReader(HttpLimits(max_head_bytes=100))
+    assert reader.feed(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Long: ") is None
+    with pytest.raises(BadRequest, match="too large"):
+        reader.feed(b"a" * 100)  # the header has not ended, so llhttp has not called back
 
 
 def ready() -> Readiness:
@@ -173,6 +191,77 @@ async def test_bad_requests_get_an_error_status(served: Served, raw: bytes, stat
     assert (await served.get(raw))[0] == status
 
 
+async def exchange(port: int, *chunks: bytes) -> bytes:
+    """Send ``chunks`` one write each; everything the server sends until it closes (which
+    the guard bounds: a server that neither answers nor closes fails the test)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        async with asyncio.timeout(10):
+            for chunk in chunks:
+                writer.write(chunk)
+                await writer.drain()
+                await asyncio.sleep(0)
+            return await reader.read()
+    finally:
+        writer.close()
+        with contextlib.suppress(ConnectionError):
+            await writer.wait_closed()
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        (b"GET /metrics HTTP/1.1 extra\r\nHost: x\r\n\r\n", b"malformed request"),
+        (b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n", b"version"),
+        (b"GET http://x/metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"absolute path"),
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"without Host"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 9000 + b"\r\n\r\n", b"too large"),
+        (b"GET /metrics HTTP/1.1\r\n" + b"A: b\r\n" * 65 + b"Host: x\r\n\r\n", b"too many"),
+        (b"GET /metrics HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n", b"header token"),
+    ],
+)
+async def test_malformed_requests_are_answered_400_naming_the_problem(
+    served: Served, raw: bytes, says: bytes
+) -> None:
+    data = await exchange(served.port, raw)
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert says in data.partition(b"\r\n\r\n")[2]
+
+
+async def test_a_head_over_the_limit_that_never_ends_is_answered_400(served: Served) -> None:
+    start = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Long: "
+    data = await exchange(served.port, start, *[b"a" * 1024] * 9)  # no end of line, ever
+    assert data.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert data.endswith(b"request head too large\n")
+
+
+async def test_a_head_in_pieces_is_answered(served: Served) -> None:
+    data = await exchange(served.port, b"GET /hea", b"lthz HTTP/1.1\r\nHo", b"st: x\r\n\r", b"\n")
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(b"\r\n\r\nok\n")
+
+
+async def test_pipelined_requests_get_one_answer_then_the_connection_closes(
+    served: Served,
+) -> None:
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    data = await exchange(served.port, healthz + GET + b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert data.count(b"HTTP/1.1 ") == 1
+    assert data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert data.endswith(b"\r\nConnection: close\r\n\r\nok\n")
+
+
+async def test_a_body_is_not_waited_for(served: Served) -> None:
+    raw = b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\nab"
+    data = await exchange(served.port, raw)  # a gigabyte announced, two bytes sent
+    assert data.startswith(b"HTTP/1.1 405 Method Not Allowed\r\n")
+    assert b"\r\nAllow: GET, HEAD\r\n" in data
+
+
+async def test_an_idle_client_is_disconnected_without_an_answer(served: Served) -> None:
+    assert await exchange(served.port) == b""  # closed by the server after head_timeout_s
+
+
 async def test_a_slow_client_is_disconnected(served: Served) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
     writer.write(b"GET /metrics HTTP/1.1\r\n")  # and never the rest
@@ -180,6 +269,28 @@ async def test_a_slow_client_is_disconnected(served: Served) -> None:
     assert await reader.read() == b""  # closed by the server after head_timeout_s
     writer.close()
     await writer.wait_closed()
+
+
+async def test_a_client_that_does_not_take_its_answer_is_disconnected() -> None:
+    body_bytes = 32 << 20  # more than loopback's socket buffers hold
+    endpoint = HttpEndpoint(
+        CollectorRegistry(),
+        lambda: Readiness(False, "x" * body_bytes),
+        HttpLimits(write_timeout_s=0.2),
+    )
+    _, port = await endpoint.start("127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(1.0)  # not reading; the server's write timer is on this same loop
+        received_bytes = 0
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await reader.read(1 << 20):
+                received_bytes += len(chunk)
+        assert received_bytes < body_bytes  # cut off, not delivered late
+        writer.close()
+    finally:
+        await endpoint.close()
 
 
 async def test_connections_over_the_limit_are_closed_and_close_ends_idle_ones(

@@ -49,10 +49,10 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("queues", "lanes", "entities"),
     ("state",),
-    ("agenda", "feasibility", "eviction", "ledger"),
+    ("agenda", "feasibility", "eviction", "room", "ledger"),
     ("requests", "warm_up"),
     ("batching", "policies"),
-    ("admission", "scheduler", "results", "membership", "placement"),
+    ("admission", "scheduler", "results", "membership", "placement", "reservations"),
     ("stats", "controller"),
 )
 

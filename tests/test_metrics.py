@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.metrics import (
     OTHER,
     BoundedLabel,
@@ -264,3 +265,22 @@ async def test_loop_lag_probe_reports_non_negative_lag() -> None:
     with pytest.raises(asyncio.CancelledError):
         await probe
     assert all(lag >= 0 for lag in seen)
+
+
+def test_the_io_arena_is_read_at_scrape_time(registry: CollectorRegistry) -> None:
+    metrics = Metrics(registry, include_process=False)
+    assert value(registry, "clockwork_io_arena_used_bytes") is None  # no arena: no samples
+    arena = IoArena(1 << 16, owner_share=0.5)
+    try:
+        metrics.set_arena(arena)
+        slot = arena.lease("conn", 100)
+        assert isinstance(slot, Slot)
+        arena.lease("conn", 1 << 20)  # too large
+        assert value(registry, "clockwork_io_arena_used_bytes") == 128
+        assert value(registry, "clockwork_io_arena_capacity_bytes") == 1 << 16
+        assert value(registry, "clockwork_io_arena_slots") == 1
+        assert value(registry, "clockwork_io_arena_refusals_total", cause="too_large") == 1
+        slot.release()
+        assert value(registry, "clockwork_io_arena_used_bytes") == 0
+    finally:
+        arena.close()

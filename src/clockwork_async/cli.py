@@ -29,7 +29,7 @@ VERBS: dict[str, tuple[str, str, str]] = {
     "demo": ("clockwork_async.demo", "main", "run one executor by hand and time a few actions"),
     "demo-models": ("clockwork_async.demo_models", "main", "generate the demo ONNX models"),
     "infer": ("clockwork_async.cli_client", "infer_main", "send one inference request"),
-    "models": ("clockwork_async.cli_client", "models_main", "list, add or remove models"),
+    "models": ("clockwork_async.cli_models", "models_main", "list, add, cancel, remove models"),
     "stats": ("clockwork_async.cli_client", "stats_main", "print the daemon's stats"),
     "health": ("clockwork_async.cli_client", "health_main", "exit 0 if the daemon is ready"),
     "bench": ("clockwork_async.bench", "main", "load a running daemon; JSON summary"),

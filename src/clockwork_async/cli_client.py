@@ -1,4 +1,4 @@
-"""Client verbs of `clockwork-async`: ``infer``, ``models``, ``stats``, ``health``.
+"""Client verbs of `clockwork-async`: ``infer``, ``stats``, ``health`` (``models``: `cli_models`).
 
 Each verb parses its flags, talks to a running daemon with the blocking `Client`, prints
 people-readable text (or JSON with ``--json``) and returns an exit status: 0 done (``health``:
@@ -187,111 +187,6 @@ def _result_text(result: InferResult, written: list[Path]) -> str:
         lines.append(f"output {name}: {array.dtype} {tuple(array.shape)}")
     lines += [f"wrote {path}" for path in written]
     return "\n".join(lines)
-
-
-# --- models ------------------------------------------------------------------------------------
-
-
-def models_main(argv: list[str]) -> int:
-    """``clockwork-async models [list | add NAME PATH [--toml FILE] [--replace] | remove NAME]``"""
-    parser = Parser(prog="clockwork-async models", description="List, add or remove models.")
-    actions = parser.add_subparsers(dest="action", parser_class=Parser, required=True)
-    listing = actions.add_parser("list", help="list the models (the default)")
-    listing.add_argument("--json", action="store_true")
-    adding = actions.add_parser("add", help="upload an ONNX file and register it")
-    adding.add_argument("name")
-    adding.add_argument("path", type=Path)
-    adding.add_argument("--toml", type=Path, help="its model.toml")
-    adding.add_argument(
-        "--replace",
-        action="store_true",
-        help="take the name from the model serving under it (its requests finish on it)",
-    )
-    adding.add_argument("--json", action="store_true")
-    removing = actions.add_parser("remove", help="unregister a model")
-    removing.add_argument("name")
-    for sub in (listing, adding, removing):
-        add_connection_flags(sub)
-    if not argv or argv[0] not in {"list", "add", "remove", "-h", "--help"}:
-        argv = ["list", *argv]  # `models` and `models --address X` list
-    return run_verb("models", parser, argv, _models)
-
-
-def _models(args: argparse.Namespace) -> int:
-    action = args.action
-    toml = _read_toml(args.toml) if action == "add" else None
-    with connect(args) as client:
-        if action == "add":
-            added = client.add_model(args.name, args.path, toml, replace=args.replace)
-            _print_models([added], args.json)
-        elif action == "remove":
-            client.remove_model(args.name)
-            print(f"removed {args.name}")
-        else:
-            _print_models(client.models(), args.json)
-    return 0
-
-
-def _read_toml(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return path.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UsageError(f"--toml: cannot read {str(path)!r}: {error}") from None
-
-
-MODEL_COLUMNS = ("name", "version", "group", "state", "pages", "slo_ms", "batch sizes", "loaded on")
-RIGHT_ALIGNED = frozenset({"version", "pages", "slo_ms"})
-
-
-def _print_models(models: list[ModelStatus], as_json: bool) -> None:
-    if as_json:
-        print(json.dumps([_model_json(m) for m in models], indent=2))
-        return
-    print("\n".join(table(MODEL_COLUMNS, [_model_row(m) for m in models], RIGHT_ALIGNED)))
-
-
-def _model_row(m: ModelStatus) -> tuple[str, ...]:
-    version = str(m.version) if m.version else "-"
-    batches = ",".join(map(str, m.batch_sizes)) or "-"
-    slo_ms = f"{m.default_slo_ns / 1e6:g}"
-    loaded_on = ",".join(m.loaded_on) or "-"
-    return (m.name, version, m.group, m.state, str(m.pages), slo_ms, batches, loaded_on)
-
-
-def table(
-    header: tuple[str, ...], rows: list[tuple[str, ...]], right: frozenset[str] = frozenset()
-) -> list[str]:
-    """Lines of a text table: every column as wide as its widest cell, two spaces between
-    columns (so long names never run into the next column), no trailing spaces."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    lines = []
-    for row in (header, *rows):
-        cells = [
-            cell.rjust(width) if name in right else cell.ljust(width)
-            for name, cell, width in zip(header, row, widths, strict=True)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
-def _model_json(model: ModelStatus) -> dict[str, Any]:
-    def specs(items: tuple[TensorSpec, ...]) -> list[dict[str, Any]]:
-        return [{"name": s.name, "dtype": s.dtype, "shape": list(s.shape)} for s in items]
-
-    return {
-        "name": model.name,
-        "version": model.version,
-        "group": model.group,
-        "state": model.state,
-        "loaded_on": list(model.loaded_on),
-        "pages": model.pages,
-        "batch_sizes": list(model.batch_sizes),
-        "default_slo_ms": model.default_slo_ns / 1e6,
-        "inputs": specs(model.inputs),
-        "outputs": specs(model.outputs),
-    }
 
 
 # --- stats and health ----------------------------------------------------------------------------

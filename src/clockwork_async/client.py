@@ -104,9 +104,13 @@ class Client:
         model_toml: str | None = None,
         *,
         replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
-        adding = self._client.add_model(name, path_or_bytes, model_toml, replace=replace)
+        adding = self._client.add_model(name, path_or_bytes, model_toml, replace=replace, wait=wait)
         return self._run(adding, self.timeout_s)
+
+    def cancel_registration(self, name: str) -> ModelStatus:
+        return self._run(self._client.cancel_registration(name), self.timeout_s)
 
     def remove_model(self, name: str) -> None:
         self._run(self._client.remove_model(name), self.timeout_s)

@@ -24,6 +24,9 @@ Invariants:
   iteration are held and written together, in one call, on the next iteration (or by
   `close`, or as soon as they reach the transport's high-water mark, so backpressure and
   memory bounds are as without holding): a burst costs two write syscalls, not one each.
+- `when_written` callbacks run once each, after every byte sent before them has left this
+  process (nothing held, the transport's buffer empty) or once the connection is gone: the
+  transport may keep a reference to a sent buffer (an IO arena slot) until then.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from clockwork_async.wire.codec import (
     DEFAULT_LIMITS,
     Decoder,
     Encoder,
+    Lend,
     Limits,
     ProtocolError,
     Screen,
@@ -129,6 +133,9 @@ class Connection:
         self._writable = asyncio.Event()  # clear while the transport asks writers to pause
         self._writable.set()
         self._closed = asyncio.Event()
+        self._on_written: list[Callable[[], None]] = []  # `when_written`, in order
+        self._written_check: asyncio.Handle | None = None
+        self._written_delay_s = 0.0
 
     # Public state.
 
@@ -177,6 +184,45 @@ class Connection:
         assert self._loop is not None
         self._loop.call_soon(self._end_burst)
 
+    def when_written(self, done: Callable[[], None]) -> None:
+        """Call ``done`` once every byte sent so far has left this process, or the
+        connection is gone (at once if it is): then memory those messages pointed into may
+        be reused. Checked on the next loop round, then with backoff up to 50 ms."""
+        if self._state is ConnectionState.CLOSED or self._transport is None:
+            done()
+            return
+        self._on_written.append(done)
+        if self._written_check is None:
+            self._written_delay_s = 0.0
+            assert self._loop is not None
+            self._written_check = self._loop.call_soon(self._check_written)
+
+    def _check_written(self) -> None:
+        self._written_check = None
+        transport = self._transport
+        if not self._on_written or transport is None:
+            return
+        if self._state is not ConnectionState.CLOSED and (
+            self._held or transport.get_write_buffer_size()
+        ):
+            if self._state is ConnectionState.OPEN:
+                self._recheck_written()
+            return  # closing: connection_lost runs them once the transport let go
+        self._run_written()
+
+    def _recheck_written(self) -> None:
+        self._written_delay_s = min(max(2 * self._written_delay_s, 0.001), 0.05)
+        assert self._loop is not None
+        self._written_check = self._loop.call_later(self._written_delay_s, self._check_written)
+
+    def _run_written(self) -> None:
+        callbacks, self._on_written = self._on_written, []
+        for done in callbacks:
+            try:
+                done()
+            except Exception:
+                logger.exception("a when_written callback raised")
+
     def flush(self) -> None:
         """Write now what this loop round held back (a long round must not delay it)."""
         if self._state is ConnectionState.OPEN:
@@ -193,11 +239,15 @@ class Connection:
 
     # Receiving.
 
-    def set_screen(self, screen: Screen, on_screened: ScreenedHandler) -> None:
+    def set_screen(
+        self, screen: Screen, on_screened: ScreenedHandler, lend: Lend | None = None
+    ) -> None:
         """From now on, ``screen`` sees each frame's header before its tail (`codec.Screen`);
         a frame it refuses keeps none of its tensor bytes and goes to ``on_screened`` in its
-        place (`dispatch` only)."""
+        place (`dispatch` only); one it passes is read into what ``lend`` hands, if anything
+        (`codec.Lend`)."""
         self._decoder.screen = screen
+        self._decoder.lend = lend
         self._on_screened = on_screened
 
     async def recv(self) -> Message:
@@ -351,6 +401,8 @@ class Connection:
 
     def _on_writable(self) -> None:
         self._writable.set()
+        if self._on_written and self._written_check is None:
+            self._check_written()
         if self._handler is not None:
             self._readable.set()  # dispatch hands over what waited meanwhile
 
@@ -361,6 +413,10 @@ class Connection:
             self._enter(ConnectionState.CLOSED)
         self._writable.set()
         self._closed.set()
+        if self._written_check is not None:
+            self._written_check.cancel()
+            self._written_check = None
+        self._run_written()  # the transport is gone, and every buffer it held with it
 
     # Internals.
 

@@ -48,6 +48,7 @@ from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.frontends import FrontEndError, FrontEnds
 from clockwork_async.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.ioarena.shared import ArenaError, IoArena
 from clockwork_async.metrics import Metrics, probe_loop_lag
 from clockwork_async.repository import Repository
 from clockwork_async.runtime.driver import Driver
@@ -111,6 +112,7 @@ class Daemon:
         )
         self.driver = Driver(config.controller, runtime=setup.runtime_config(config))
         self.supervisor: Supervisor | None = None
+        self.io_arena: IoArena | None = None  # shared tensor memory of the local executors
         self.service: DaemonService | None = None
         self.api: ApiServer | None = None
         self.front_ends: FrontEnds | None = None  # HTTP and gRPC (frontends.py)
@@ -246,8 +248,10 @@ class Daemon:
     async def _start_executors(self, unpinned_cpus: tuple[int, ...]) -> None:
         specs = setup.executor_specs(self.config, unpinned_cpus, self.controller_cpu)
         try:
+            self._open_arena(len(specs))
             if specs:
-                self.supervisor = Supervisor(specs, setup.supervisor_config(self.config))
+                supervisor_config = setup.supervisor_config(self.config, self.io_arena)
+                self.supervisor = Supervisor(specs, supervisor_config)
                 await self.supervisor.start()
                 await self.driver.attach_supervised(self.supervisor)
                 self._count_restarts(self.supervisor)
@@ -256,6 +260,18 @@ class Daemon:
                 await self.driver.attach_executor(remote.name, address, token=remote.token)
         except (SupervisorError, LinkError, OSError) as error:
             raise StartError(f"executors: {error}") from error
+
+    def _open_arena(self, local_executors: int) -> None:
+        """The IO arena, handed to the request path (API, dispatcher), the metrics and, at
+        spawn, the local executors. Raises StartError naming the key."""
+        try:
+            self.io_arena = setup.io_arena(self.config, local_executors)
+        except ArenaError as error:
+            raise StartError(f"server.io_arena_bytes: {error}") from error
+        self.driver.dispatcher.use_arena(self.io_arena)
+        if self.api is not None:
+            self.api.io_arena = self.io_arena
+        self.metrics.set_arena(self.io_arena)
 
     def _count_restarts(self, supervisor: Supervisor) -> None:
         for name in supervisor.children:
@@ -350,7 +366,7 @@ class Daemon:
 
     def _announce(self) -> None:
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         print(f"clockwork-async serving: {self._addresses(models)}", file=self._out, flush=True)
         self._status_sent = self._status_line()
         self._notifier.ready(self._status_sent)
@@ -365,7 +381,7 @@ class Daemon:
     def _status_line(self) -> str:
         """systemd's ``STATUS=`` while serving: ``/readyz``'s state, models and executors."""
         assert self.service is not None
-        models = len(self.service.list_models())
+        models = _served_count(self.service)
         executors = self.driver.snapshot().executors
         up = sum(executor.up for executor in executors)
         readiness = self._readiness()
@@ -431,6 +447,9 @@ class Daemon:
         if self.service is not None:
             self.service.accepting = False
         self._notifier.stopping(f"draining {self.driver.snapshot().outstanding} requests")
+        if self.service is not None:  # nothing of a registration cut short stays anywhere
+            stopping = self.service.cancel_registrations("the daemon is shutting down")
+            await self._until_forced(stopping)
         await self._drain()
         await self._stop_all()
         self._enter(DaemonState.STOPPED)
@@ -479,6 +498,8 @@ class Daemon:
             if self._force.is_set():
                 self._kill_executors(self.supervisor)
             await self.supervisor.close()
+        if self.io_arena is not None:
+            self.io_arena.close()  # no executor maps it any more; its memory goes with the fd
 
     @staticmethod
     def _kill_executors(supervisor: Supervisor) -> None:
@@ -486,3 +507,8 @@ class Daemon:
             if child.process is not None and child.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     child.process.kill()
+
+
+def _served_count(service: DaemonService) -> int:
+    """Model instances served (registrations still running or failed are not)."""
+    return sum(status.state in ("ready", "loaded") for status in service.list_models())

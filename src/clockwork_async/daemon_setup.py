@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clockwork_async.config import DaemonConfig, LocalExecutorConfig, RemoteExecutorConfig
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.profile_cache import ProfileCache, machine_key
 from clockwork_async.repository import ModelEntry, Repository
@@ -85,13 +86,23 @@ def pinned_executor_cpus(config: DaemonConfig) -> set[int]:
     return {cpu for executor in local_executors(config) for cpu in executor.cpus}
 
 
-def supervisor_config(config: DaemonConfig) -> SupervisorConfig:
+def supervisor_config(config: DaemonConfig, io_arena: IoArena | None = None) -> SupervisorConfig:
     """Local executors restart with the links' backoff (``[executor_link]``), logging at the
-    daemon's level."""
+    daemon's level, and inherit the IO arena if there is one."""
     return SupervisorConfig(
         backoff=config.executor_link.reconnect_backoff,
         log_level=config.server.log_level.value.upper(),
+        io_arena_fd=io_arena.fd if io_arena is not None else None,
     )
+
+
+def io_arena(config: DaemonConfig, local_executors: int) -> IoArena | None:
+    """The IO arena of ``server.io_arena_bytes`` when local executors will map it (none for
+    remote executors alone, or a size of 0). Raises ArenaError."""
+    limits = config.server.limits
+    if not local_executors or not limits.io_arena_bytes:
+        return None
+    return IoArena(limits.io_arena_bytes, owner_share=limits.io_arena_connection_share)
 
 
 def runtime_config(config: DaemonConfig) -> RuntimeConfig:
@@ -105,6 +116,7 @@ def registration(config: DaemonConfig) -> Registration:
     a model by a duration profile, not by its file) the model.toml's ``sim_profile``."""
     cache = ProfileCache(config.repository.profile_cache_dir)
     budget_bytes = config.repository.weights_budget_bytes
+    at_once = config.profiler.max_concurrent
     if is_simulated(config):
         slowdowns = sorted({e.slowdown for e in local_executors(config)})
         machine = machine_key("simulated")
@@ -112,9 +124,11 @@ def registration(config: DaemonConfig) -> Registration:
         def simulated_machine(entry: ModelEntry) -> str:
             return f"{machine}; profile={entry.sim_profile}; x{slowdowns}"
 
-        return Registration(cache, simulated_machine, budget_bytes, _sim_profile)
+        return Registration(cache, simulated_machine, budget_bytes, _sim_profile, at_once)
     onnxruntime_machine = machine_key("onnxruntime")
-    return Registration(cache, lambda _entry: onnxruntime_machine, budget_bytes, _file_path)
+    return Registration(
+        cache, lambda _entry: onnxruntime_machine, budget_bytes, _file_path, at_once
+    )
 
 
 def _file_path(entry: ModelEntry) -> str:

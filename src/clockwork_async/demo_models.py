@@ -117,6 +117,27 @@ def build_mlp(seed: int = 0) -> onnx.ModelProto:
     return _mlp("mlp", seed, (784, 1024, 1024, 10), "logits")
 
 
+def build_slow(layers: int = 256, channels: int = 64, size: int = 32) -> onnx.ModelProto:
+    """A slow model with one small weight, not a demo model (tests and benchmarks of slow
+    registration): x [N, channels, size, size] -> y [N, channels], ``layers`` x (3x3 Conv by
+    one shared ``channels`` x ``channels`` kernel, Tanh), then a mean over the image.
+    Compute-bound, 147 KB of weights: with the defaults about 0.35-0.6 s a row on one core
+    of the 2-vCPU VM. Convolutions, not MatMuls, so that ONNX Runtime registers it without
+    timing a prepacked variant (docs/architecture.md): the tests' registrations stay short."""
+    builder = _GraphBuilder(0)
+    w = builder.weight("w", (channels, channels, 3, 3), 4 * channels * 9)  # tanh stays unsaturated
+    # A bias of 0.5 keeps activations near tanh(0.5) whatever the input: never exactly 0 (which
+    # runs faster) nor shrinking to denormals (which run far slower), so its time is steady.
+    b = "b"
+    builder.initializers.append(numpy_helper.from_array(np.full(channels, 0.5, np.float32), b))
+    h = "x"
+    for index in range(layers):
+        conv = builder.node("Conv", [h, w, b], f"c{index}", kernel_shape=[3, 3], pads=[1] * 4)
+        h = builder.node("Tanh", [conv], f"t{index}")
+    builder.node("ReduceMean", [h], "y", axes=[2, 3], keepdims=0)
+    return builder.model("slow", _tensor("x", channels, size, size), _tensor("y", channels))
+
+
 def _residual_block(builder: _GraphBuilder, name: str, x: str, channels: int) -> str:
     h = builder.node("Relu", [builder.conv(f"{name}.conv1", x, channels, channels)], f"{name}.r1")
     h = builder.conv(f"{name}.conv2", h, channels, channels)

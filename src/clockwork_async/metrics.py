@@ -26,6 +26,7 @@ from prometheus_client.process_collector import ProcessCollector
 from clockwork_async import build
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.wire.messages import ActionResult, ApiCode
 
@@ -136,6 +137,8 @@ class Metrics:
         self._define_histograms(registry)
         self._live = _LiveCollector(self._group, self._executor)
         registry.register(self._live)
+        self._arena = _ArenaCollector()
+        registry.register(self._arena)
         if include_process:
             ProcessCollector(namespace="", registry=registry)
 
@@ -323,6 +326,10 @@ class Metrics:
         """Where the live gauges come from at scrape time (None: no live gauges)."""
         self._live.source = source
 
+    def set_arena(self, arena: IoArena | None) -> None:
+        """The IO arena whose occupancy is read at scrape time (None: no arena gauges)."""
+        self._arena.arena = arena
+
     def _group_label(self, group: str) -> str:
         label = self._group(group)
         if label not in self._groups_seen:  # so rate() sees every outcome from zero
@@ -353,6 +360,48 @@ class _LiveCollector:
             log.exception("metrics snapshot failed; live gauges left out of this scrape")
             return
         yield from _live_families(snapshot, self._group, self._executor, samples=True)
+
+
+class _ArenaCollector:
+    """The IO arena's occupancy and refusals, read from it at scrape time."""
+
+    CAUSES = ("full", "share", "too_large")
+
+    def __init__(self) -> None:
+        self.arena: IoArena | None = None
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> Iterator[Metric]:
+        if self.arena is not None:
+            yield from self._families(self.arena)
+
+    def _families(self, arena: IoArena | None) -> Iterator[Metric]:
+        gauges = {
+            "io_arena_used_bytes": ("IO arena bytes held by slots (requests' tensors).", "used"),
+            "io_arena_capacity_bytes": ("IO arena bytes slots can take (fixed).", "capacity"),
+            "io_arena_slots": ("IO arena slots live (inputs and output regions).", "slots"),
+        }
+        values = {}
+        if arena is not None:
+            values = {
+                "used": arena.used_bytes,
+                "capacity": arena.capacity_bytes,
+                "slots": arena.live_slots,
+            }
+        for name, (doc, key) in gauges.items():
+            yield GaugeMetricFamily(f"clockwork_{name}", doc, value=values.get(key))
+        refusals = CounterMetricFamily(
+            "clockwork_io_arena_refusals",
+            "Requests refused at the door for want of IO arena room, by cause "
+            "(full, share: the connection's share, too_large: over any one request's).",
+            labels=["cause"],
+        )
+        counts = arena.refusals if arena is not None else {}
+        for cause in self.CAUSES if arena is not None else ():
+            refusals.add_metric([cause], counts.get(cause, 0))
+        yield refusals
 
 
 def _live_families(

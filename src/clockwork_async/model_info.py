@@ -68,6 +68,7 @@ class ModelInfo:
     group: str
     sim_profile: str = DEFAULT_SIM_PROFILE
     axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
+    default_slo_declared: bool = False  # model.toml set default_slo_ms (else it may be derived)
 
 
 def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> ModelInfo:
@@ -86,7 +87,13 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
         group=settings.group or name,
         sim_profile=settings.sim_profile,
         axes=axes,
+        default_slo_declared=_declares(toml_bytes, "default_slo_ms"),
     )
+
+
+def _declares(toml_bytes: bytes | None, key: str) -> bool:
+    """Whether a model.toml (valid: `_parse_toml` read it first) sets ``key``."""
+    return toml_bytes is not None and key in tomllib.loads(toml_bytes.decode("utf-8"))
 
 
 def _inputs(

@@ -107,6 +107,7 @@ class ModelEntry:
     group: str
     sim_profile: str = DEFAULT_SIM_PROFILE  # what simulated executors run it as
     axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
+    default_slo_declared: bool = False  # in model.toml; else derived from its speed if slow
     version: int = 1  # 1, then one more at each replace (the folder's ``version`` file)
 
     @property

@@ -29,13 +29,16 @@ import contextlib
 import dataclasses
 import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 
 from clockwork_async import build
 from clockwork_async.api.service import Health, ModelRoute, ServiceError
 from clockwork_async.metrics import Metrics
 from clockwork_async.profile_cache import ProfileCache
+from clockwork_async.registration_jobs import Job, JobError, Jobs, JobState, job_status
 from clockwork_async.repository import (
     ModelEntry,
     ModelNotFound,
@@ -81,6 +84,7 @@ class Registration:
     machine_for: Callable[[ModelEntry], str]  # profile cache key: CPU, backend, runtime, ...
     budget_bytes: int  # host weights, one copy per content hash
     path_for: Callable[[ModelEntry], str]  # what executors are told to register
+    max_concurrent: int = 2  # registration jobs at once (profiler.max_concurrent)
 
 
 class DaemonService:
@@ -102,6 +106,7 @@ class DaemonService:
         self.routes: dict[str, ModelRoute] = {}
         self._metrics = metrics
         self._lock = asyncio.Lock()
+        self._jobs = Jobs(registration.max_concurrent)
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
         self.on_change: Callable[[], None] = _nothing  # after every add, remove and rescan
@@ -113,10 +118,12 @@ class DaemonService:
     def list_models(self) -> list[ModelStatus]:
         """Every registered instance, by name."""
         loaded = {m.name: m.loaded_on for m in self._driver.snapshot().models}
-        return [
+        served = [
             self._status(name, loaded.get(model.name, ()))
             for name, model in sorted(self._instances.items())
         ]
+        jobs = [job_status(job) for job in self._jobs.all() if job.state is not JobState.READY]
+        return sorted(served + jobs, key=lambda status: (status.name, status.version))
 
     def _status(self, instance: str, loaded_on: tuple[str, ...]) -> ModelStatus:
         model = self._instances[instance]
@@ -162,14 +169,23 @@ class DaemonService:
     # --- models: changes -----------------------------------------------------------------------
 
     async def add_model(
-        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+        self,
+        name: str,
+        onnx_bytes: bytes,
+        model_toml: str | None,
+        *,
+        replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
-        """Store ``name`` in the repository and register it; returns the status of its first
-        instance. A taken name is ``model_exists`` unless ``replace``: then the new version
-        is registered beside the old one and takes its name in one step (`_swap`). Raises
-        ServiceError."""
-        async with self._lock, self._changing():
+        """Store ``name`` in the repository and register it in a background job (`Jobs`);
+        returns the status of its first instance once it is ready (``wait``), or its job's
+        status at once. A taken name, or one being registered, is ``model_exists`` unless
+        ``replace``: then the new version is registered beside the old one and takes its name
+        in one step (`_switch`). Raises ServiceError (with ``wait``: why the job failed)."""
+        async with self._lock:
             self._check_not_instance(name)
+            if (running := self._jobs.running(name)) is not None:
+                raise ServiceError(ApiCode.MODEL_EXISTS, running.busy_message())
             old = self._served.get(name)
             if not replace:
                 await self._check_name_free(name, old)
@@ -177,14 +193,48 @@ class DaemonService:
             old_files = await asyncio.to_thread(_read_files, old) if old is not None else None
             version = old.version + 1 if old is not None else 1
             entry = await self._store(name, onnx_bytes, model_toml, version)
-            retired = [self._instances[i] for i in old.instances] if old is not None else []
-            try:
-                await self._register(entry)
-            except ServiceError:
-                await self._restore(name, old_files, old)
-                raise
-            await self._retire(retired)
-            return self._status(entry.instances[0], ())
+            job = self._jobs.start(name, version, partial(self._add_job, entry, old, old_files))
+            self.on_change()
+        if not wait:
+            return job_status(job)
+        await job.done.wait()
+        if job.state is not JobState.READY:
+            raise ServiceError(job.code, job.reason)
+        return self._status(entry.instances[0], ())
+
+    async def _add_job(
+        self,
+        entry: ModelEntry,
+        old: ModelEntry | None,
+        old_files: tuple[bytes, str | None] | None,
+        job: Job,
+    ) -> None:
+        """The job of an add: register (ready when routed), retire the version it replaced;
+        on failure or cancel, put the old files back. Raises JobError."""
+        retired = [self._instances[i] for i in old.instances] if old is not None else []
+        try:
+            async with self._changing():
+                await self._register(entry, job)
+        except BaseException as error:
+            async with self._lock:
+                await asyncio.shield(self._restore(entry.name, old_files, old))
+            if isinstance(error, ServiceError):
+                raise JobError(error.code, error.message) from None
+            raise
+        await self._retire(retired)
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        """Cancel the running registration of ``name``; returns its job's status once nothing
+        of it is left on any executor. Raises ServiceError (``unknown_model``)."""
+        try:
+            return job_status(await self._jobs.cancel(name, "cancelled by a client"))
+        except KeyError:
+            why = f"no registration of {name!r} is running"
+            raise ServiceError(ApiCode.UNKNOWN_MODEL, why) from None
+
+    async def cancel_registrations(self, reason: str) -> None:
+        """Cancel every running registration (a stop); returns once each has cleaned up."""
+        await self._jobs.cancel_all(reason)
 
     @contextlib.asynccontextmanager
     async def _changing(self) -> AsyncIterator[None]:
@@ -275,22 +325,27 @@ class DaemonService:
     async def remove_model(self, name: str) -> None:
         """Unregister every instance of folder ``name`` (queued requests are answered
         ``unknown_model``, running ones finish), then delete the folder. Raises ServiceError."""
+        cancelled = self._jobs.running(name) is not None
+        with contextlib.suppress(KeyError):  # a registration of it: cancelled, and undone
+            await self._jobs.cancel(name, "its model was removed")
         async with self._lock, self._changing():
             self._check_not_instance(name)
+            self._jobs.forget(name)
             entry = self._served.get(name)
             if entry is not None:
                 await self._unregister(entry)
             try:
                 await asyncio.to_thread(self._repository.remove, name)
             except ModelNotFound as error:
-                if entry is None:
+                if entry is None and not cancelled:
                     raise ServiceError(ApiCode.UNKNOWN_MODEL, str(error)) from None
             except RepositoryError as error:
                 raise ServiceError(error.code, str(error)) from None
 
     async def rescan(self) -> RescanReport:
         """Bring the served models in line with the repository: unregister removed or changed
-        folders, register new or changed ones. Failures are logged and reported."""
+        folders, register new or changed ones (each a job; at most ``max_concurrent`` at once;
+        names being registered are left alone). Failures are logged and reported."""
         async with self._lock, self._changing():
             scan = await asyncio.to_thread(self._repository.scan_report)
             for problem in scan.problems:
@@ -299,18 +354,25 @@ class DaemonService:
             removed = [name for name, old in self._served.items() if entries.get(name) != old]
             for name in removed:
                 await self._unregister(self._served[name])
-            added, failed = [], []
-            for name, entry in entries.items():
-                if name in self._served:
-                    continue
-                try:
-                    await self._register(entry)
-                except ServiceError as error:
-                    log.error("model %r not registered: %s", name, error.message)
-                    failed.append(name)
-                else:
-                    added.append(name)
-            return RescanReport(tuple(added), tuple(removed), tuple(failed), scan.problems)
+            jobs = [
+                self._jobs.start(name, entry.version, partial(self._rescan_job, entry))
+                for name, entry in entries.items()
+                if name not in self._served and self._jobs.running(name) is None
+            ]
+        for job in jobs:
+            await job.done.wait()
+            if job.state is not JobState.READY:
+                log.error("model %r not registered: %s", job.name, job.reason)
+        added = tuple(job.name for job in jobs if job.state is JobState.READY)
+        failed = tuple(job.name for job in jobs if job.state is not JobState.READY)
+        return RescanReport(added, tuple(removed), failed, scan.problems)
+
+    async def _rescan_job(self, entry: ModelEntry, job: Job) -> None:
+        try:
+            async with self._changing():
+                await self._register(entry, job)
+        except ServiceError as error:
+            raise JobError(error.code, error.message) from None
 
     # --- registration ----------------------------------------------------------------------------
 
@@ -327,9 +389,10 @@ class DaemonService:
                 f"bytes, over the budget of {budget_bytes} (repository.weights_budget_bytes)",
             )
 
-    async def _register(self, entry: ModelEntry) -> None:
+    async def _register(self, entry: ModelEntry, job: Job) -> None:
         """Register every instance of ``entry`` (profiled once, from the cache if there) and
-        route its names to them (`_switch`); all or none. Raises ServiceError."""
+        route its names to them (`_switch`, and ``job`` ready in the same step); all or none.
+        Raises ServiceError."""
         self._check_budget(entry.name, entry.sha256, entry.size_bytes)
         if not any(executor.up for executor in self._driver.snapshot().executors):
             raise ServiceError(ApiCode.UNAVAILABLE, f"cannot register {entry.name!r}: no executor")
@@ -339,7 +402,7 @@ class DaemonService:
         try:
             for instance in entry.instances:
                 target = served_name(instance, entry.version)
-                model = await self._register_instance(entry, target, profile)
+                model = await self._register_instance(entry, target, profile, job)
                 done.append(model)
                 profile = model.profile
         except BaseException:
@@ -349,6 +412,7 @@ class DaemonService:
         if profile is not None and profile != cached:
             await asyncio.to_thread(self._store_profile, entry, profile)
         self._switch(entry, done)
+        job.move(JobState.READY, time.monotonic_ns())
         log.info(
             "model %r version %d registered as %s",
             entry.name,
@@ -371,8 +435,14 @@ class DaemonService:
                 self._metrics.instance_aliases[model.name] = instance
 
     async def _register_instance(
-        self, entry: ModelEntry, target: str, profile: RegistrationProfile | None
+        self, entry: ModelEntry, target: str, profile: RegistrationProfile | None, job: Job
     ) -> RegisteredModel:
+        def on_stage(stage: str) -> None:  # "profiling", then what it runs
+            job.progress = stage
+            if job.state is JobState.REGISTERING:
+                job.move(JobState.PROFILING, time.monotonic_ns())
+                self.on_change()
+
         try:
             return await self._driver.register_model(
                 target,
@@ -382,6 +452,8 @@ class DaemonService:
                 default_slo_ns=entry.default_slo_ns,
                 profile=profile,
                 inputs=entry.inputs if entry.axes else (),  # declared lengths, if any
+                derive_slo=not entry.default_slo_declared,
+                on_stage=on_stage,
             )
         except (RegistrationError, LinkError, TimeoutError) as error:
             raise ServiceError(ApiCode.BAD_MODEL, str(error) or repr(error)) from None

@@ -33,6 +33,7 @@ class Submitted:
     inputs: Mapping[str, np.ndarray]
     slo_ns: int | None
     deadline_unix_ns: int | None
+    slot: object = None  # the IO arena slot its inputs came in (a server with an arena)
 
 
 class FakeService:
@@ -63,12 +64,14 @@ class FakeService:
         slo_ns: int | None,
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
+        slot: object = None,
     ) -> int:
         if model == "boom":
             raise RuntimeError("the fake service broke")
         self._next_id += 1
         service_id = self._next_id
-        self.submitted.append(Submitted(service_id, model, dict(inputs), slo_ns, deadline_unix_ns))
+        submitted = Submitted(service_id, model, dict(inputs), slo_ns, deadline_unix_ns, slot)
+        self.submitted.append(submitted)
         if model == "echo":
             self._answer(service_id, on_reply, Outcome.OK, {"y": inputs["x"] * 2})
         elif model == "big":
@@ -110,7 +113,13 @@ class FakeService:
         return list(self.models.values())
 
     async def add_model(
-        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+        self,
+        name: str,
+        onnx_bytes: bytes,
+        model_toml: str | None,
+        *,
+        replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
         if self.add_gate is not None:
             await self.add_gate.wait()
@@ -123,6 +132,9 @@ class FakeService:
         status = ModelStatus(name, model_toml or name, "ready", batch_sizes=(1,), version=version)
         self.models[name] = status
         return status
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        raise ServiceError("unknown_model", f"no registration of {name!r} is running")
 
     async def remove_model(self, name: str) -> None:
         if self.models.pop(name, None) is None:

@@ -17,6 +17,7 @@ from clockwork_async.wire.messages import (
     CLIENT_REQUESTS,
     AddModel,
     CancelInfer,
+    CancelRegistration,
     GetHealth,
     GetStats,
     HealthReply,
@@ -85,6 +86,8 @@ CLIENT_SAMPLES: list[Message] = [
     ListModels(3),
     AddModel(4, "m", {"model.onnx": np.frombuffer(b"ONNX", np.uint8)}, "name = 'm'\n"),
     RemoveModel(5, "m"),
+    CancelRegistration(8, "m"),
+    AddModel(9, "m", {"model.onnx": np.frombuffer(b"ONNX", np.uint8)}, None, True, False),
     ModelsReply(
         3, "ok", "1 models", (ModelStatus("m", "g", "ready", ("e0",), 2, (1, 2), 5, (SPEC,)),)
     ),

@@ -98,6 +98,21 @@ def test_models_list_add_remove(
     assert "fresh" not in threaded_server.service.models
 
 
+def test_models_status_and_cancel_name_their_model(
+    threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    address = ["--address", threaded_server.address]
+    onnx = tmp_path / "m.onnx"
+    onnx.write_bytes(b"ONNX fake")
+    assert main(["models", "add", "watched", str(onnx), "--no-wait", *address]) == 0
+    assert main(["models", "status", "watched", *address]) == 0
+    assert "watched" in capsys.readouterr().out
+    assert main(["models", "status", "nope", *address]) == 1
+    assert "unknown_model" in capsys.readouterr().err
+    assert main(["models", "cancel", "watched", *address]) == 1  # not registering (any more)
+    assert "no registration of 'watched' is running" in capsys.readouterr().err
+
+
 def test_models_add_replace_bumps_the_version_shown_in_list(
     threaded_server: ThreadedServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -34,19 +34,23 @@ from clockwork_async.core.events import (
     Event,
     ExecutorJoined,
     ExecutorLeft,
+    LaneReserved,
     ModelProfile,
     ModelRegistered,
     ModelSpec,
     ModelUnregistered,
+    ReleaseLane,
     Reply,
     RequestArrived,
     RequestCancelled,
+    ReserveLane,
     StartInfer,
     StartLoad,
     StartUnload,
     Tick,
     WakeAt,
 )
+from clockwork_async.core.lanes import OVERRUN_WINDOW
 from clockwork_async.core.outcomes import Outcome
 
 from .harness import MS, US
@@ -76,6 +80,8 @@ class FakeExecutor:
     loads: list[StartLoad] = field(default_factory=list)
     unloads: list[StartUnload] = field(default_factory=list)
     lane_end_ns: dict[str, int] = field(default_factory=lambda: {"execute": 0, "load": 0})
+    # Reserved work (registration's profiling): reservation id -> (pages, when it ends).
+    reserved: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 class ControllerMachine(RuleBasedStateMachine):
@@ -92,6 +98,8 @@ class ControllerMachine(RuleBasedStateMachine):
         self.replies: dict[int, list[Reply]] = {}
         self.next_request = 0
         self.next_executor = 0
+        self.next_reservation = 0
+        self.overrun = 1.0  # how much longer than reserved the next reserved work runs
 
     # --- driving the controller ------------------------------------------------------------
 
@@ -108,6 +116,8 @@ class ControllerMachine(RuleBasedStateMachine):
             self.wake_ns = command.time_ns
         elif isinstance(command, StartInfer):
             self.check_infer(command)
+        elif isinstance(command, LaneReserved):
+            self.run_reserved(command, event)
         elif isinstance(command, StartLoad):
             executor = self.executors[command.executor_id]
             assert command.model not in executor.loaded
@@ -118,6 +128,20 @@ class ControllerMachine(RuleBasedStateMachine):
             executor = self.executors[command.executor_id]
             executor.loaded.discard(command.model)
             executor.unloads.append(command)
+
+    def run_reserved(self, reserved: LaneReserved, event: Event) -> None:
+        """Reserved work runs in its lane from now, after what the lane runs, for its
+        duration times ``overrun`` (it may take longer than reserved: the core holds on)."""
+        assert isinstance(event, ReserveLane) and reserved.reservation_id == event.reservation_id
+        executor = self.executors.get(reserved.executor_id)
+        if executor is None or reserved.refused:
+            return
+        assert reserved.start_ns >= self.now_ns
+        end_ns = self.now_ns + int(event.duration_ns * self.overrun)
+        if event.lane:
+            end_ns = max(self.now_ns, executor.lane_end_ns[event.lane]) + end_ns - self.now_ns
+            executor.lane_end_ns[event.lane] = end_ns
+        executor.reserved[reserved.reservation_id] = (event.pages, end_ns)
 
     def check_reply(self, reply: Reply, arrival: int | None, event: Event) -> None:
         previous = self.replies.setdefault(reply.request_id, [])
@@ -225,6 +249,32 @@ class ControllerMachine(RuleBasedStateMachine):
         request_id = data.draw(st.integers(min_value=1, max_value=self.next_request))
         self.send(RequestCancelled(request_id))
 
+    @precondition(lambda self: self.executors)
+    @rule(
+        data=st.data(),
+        lane=st.sampled_from(["execute", "load", ""]),
+        duration_ns=st.integers(min_value=0, max_value=20 * MS),
+        pages=st.integers(min_value=0, max_value=6),
+        overrun=st.floats(min_value=0.5, max_value=3.0),
+    )
+    def reserve(
+        self, data: st.DataObject, lane: str, duration_ns: int, pages: int, overrun: float
+    ) -> None:
+        executor_id = data.draw(st.sampled_from(sorted(self.executors)))
+        self.next_reservation += 1
+        self.overrun = overrun
+        self.send(ReserveLane(executor_id, self.next_reservation, lane, duration_ns, pages))
+
+    @precondition(lambda self: any(e.reserved for e in self.executors.values()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        holding = sorted(e for e, x in self.executors.items() if x.reserved)
+        executor_id = data.draw(st.sampled_from(holding))
+        reservation_id = min(self.executors[executor_id].reserved)
+        _, end_ns = self.executors[executor_id].reserved.pop(reservation_id)
+        self.advance_to(end_ns)
+        self.send(ReleaseLane(executor_id, reservation_id, end_ns))
+
     @rule(delta_ns=st.integers(min_value=0, max_value=30 * MS))
     def wait(self, delta_ns: int) -> None:
         self.advance_to(self.now_ns + delta_ns)
@@ -307,7 +357,8 @@ class ControllerMachine(RuleBasedStateMachine):
             used = sum(POOL[name][0] for name in held)
             assert used <= executor.pages_total, (executor_id, held)
             stats = self.ctl.executor(executor_id)
-            assert stats.pages_used - stats.reserved_pages == used  # held for reserved LOADs
+            held = sum(pages for pages, _ in executor.reserved.values())  # lane reservations
+            assert stats.pages_used - stats.reserved_pages - held == used  # and LOADs
             assert stats.pages_used <= executor.pages_total
 
     @invariant()
@@ -327,6 +378,18 @@ class ControllerMachine(RuleBasedStateMachine):
                 assert batch.index == executor.booked_head + position
                 if batch.live > 0:
                     assert batch.end_ns == batch.start_ns + batch.cost_ns
+
+    @invariant()
+    def booked_rooms_and_overruns_are_in_range(self) -> None:
+        """A live batch's room is a batch of 1 to the largest size and it has no more live
+        members than were booked; each execute lane's overrun is the largest of its window."""
+        for executor in self.ctl._core.executors.values():
+            for batch in executor.booked:
+                if batch.live > 0:
+                    assert 1 <= batch.room <= SIZES[-1] and batch.live <= batch.size
+            lane = executor.exec_lane
+            assert len(lane.overruns) <= OVERRUN_WINDOW
+            assert lane.overrun_ns == max(lane.overruns, default=0) >= 0
 
     @invariant()
     def lanes_hold_one_action_at_a_time(self) -> None:
@@ -362,6 +425,10 @@ class ControllerMachine(RuleBasedStateMachine):
 
     def deliver_everything(self) -> None:
         for executor_id, executor in list(self.executors.items()):
+            for reservation_id, (_, end_ns) in sorted(executor.reserved.items()):
+                self.advance_to(end_ns)
+                self.send(ReleaseLane(executor_id, reservation_id, end_ns))
+            executor.reserved.clear()
             while executor.unloads:
                 self.send(ActionFinished(executor_id, executor.unloads.pop(0).action_id))
             while executor.loads:

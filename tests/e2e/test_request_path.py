@@ -1,7 +1,7 @@
 """One request's way through an in-process daemon, traced with `sys.setprofile`: the files it
 passes on the controller side are exactly those docs/architecture.md lists ("A request's way"),
-at most 10 outside ``core/`` and ``wire/``, and the core is entered through ``Controller.handle``
-alone.
+at most 12 outside ``core/`` and ``wire/`` (10 before the IO arena's two), and the core is
+entered through ``Controller.handle`` alone.
 
 The daemon runs on the test's loop (one simulated executor process); the client is the
 blocking one, in a worker thread, so its frames are not traced (the profile hook is per
@@ -39,6 +39,12 @@ REQUEST_PATH = {
     "runtime/hop.py",
     "runtime/timers.py",
     "metrics.py",
+    # The data plane (issue 26): a request's tensors are read into an IO arena slot, go to the
+    # executor by reference and come back out of it; the slot's owner and pins live in
+    # `shared`, its offsets in the pure allocator `slots`. Both are on the way of every
+    # request to a local executor, so the path is 12 files, not 10.
+    "ioarena/shared.py",
+    "ioarena/slots.py",
 }
 BACKGROUND = frozenset(
     {"_heartbeat", "_on_pong", "_timer_fired", "_soon_ran", "probe_loop_lag", "_arm_watchdog"}

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from clockwork_async.executors import onnxruntime as onnxruntime_backend
 from clockwork_async.executors.arena import NumpyArena
 from clockwork_async.executors.backend import Backend, BackendError, PageRun
 from clockwork_async.executors.onnxruntime import (
@@ -260,6 +261,16 @@ def test_measured_prepacking_decision_is_recorded(tmp_path: Path, tiny_path: str
         assert measurement is not None and measurement.batch_size == 4
         assert measurement.in_place_ns > 0 and measurement.prepacked_ns > 0
         assert model.extra_host_bytes == (2560 if model.prepacked else 0)
+
+
+def test_a_slow_model_is_measured_at_its_smallest_batch(
+    tmp_path: Path, tiny_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(onnxruntime_backend, "SLOW_CHECK_NS", 0)  # every model is slow now
+    for ort_backend, _ in make_backend(tmp_path, "measure"):
+        model = ort_backend.register("tiny", tiny_path, [2, 4])
+        measurement = model.prepack_measurement
+        assert measurement is not None and measurement.batch_size == 2
 
 
 def test_unloaded_pages_serve_the_next_model_and_the_old_handle_is_dead(

@@ -9,6 +9,7 @@ import pytest
 
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.runtime.profiler import (
+    Build,
     ProfilerConfig,
     ProfilingError,
     ProfilingTarget,
@@ -39,7 +40,15 @@ class ScriptedExecutor:
         self.load_ns = list(load_ns)
         self.fail = fail
         self.sent: list[Message] = []
+        self.reserved: list[tuple[str, int]] = []  # (lane, ns) of each action's reservation
+        self.now_ns = 0
         self._ids = iter(range(1, 10_000))
+
+    async def run(self, lane: str, reserve_ns: int, wait_ns: int, build: Build) -> Message:
+        self.reserved.append((lane, reserve_ns))
+        reply = await self.act(build(1_000, 1_000))
+        self.now_ns += sum(getattr(reply, "durations_ns", {}).values())
+        return reply
 
     async def act(self, message: Message) -> Message:
         self.sent.append(message)
@@ -59,7 +68,7 @@ class ScriptedExecutor:
         return ActionResult(action_id)
 
     def target(self) -> ProfilingTarget:
-        return ProfilingTarget(self.act, lambda: next(self._ids), lambda: 1_000)
+        return ProfilingTarget(self.run, lambda: next(self._ids), lambda: self.now_ns)
 
 
 CONFIG = ProfilerConfig(
@@ -161,3 +170,52 @@ def test_merge_offers_common_sizes_and_keeps_every_kind() -> None:
 def test_a_kind_missing_a_batch_size_is_refused() -> None:
     with pytest.raises(ValueError, match="lacks"):
         RegistrationProfile((1, 2), {"cpu": ModelProfile({1: 3}, 1)})
+
+
+MS_NS = 1_000_000
+
+
+async def test_each_action_reserves_its_lane_for_what_is_known_of_it() -> None:
+    executor = ScriptedExecutor({1: [4 * MS_NS] * 4, 2: [6 * MS_NS] * 4}, load_ns=[MS_NS] * 2)
+    config = ProfilerConfig(warmup_iterations=1, iterations=3, load_iterations=2)
+    await measure(executor.target(), "m", SPECS, (1, 2), config)
+    timed = [r for r in executor.reserved if r[0]]
+    assert ("", 0) in executor.reserved  # UNLOADs hold no lane
+    first_load, second_load, first_infer, second_infer = timed[:4]
+    assert first_load == ("load", config.slow_execute_ns)  # nothing to go by: a guess
+    assert second_load == ("load", 2 * MS_NS + 5 * MS_NS)  # twice the slowest seen, + 5 ms
+    assert first_infer == ("execute", config.slow_execute_ns)
+    assert second_infer == ("execute", 2 * 4 * MS_NS + 5 * MS_NS)
+    first_b2 = timed[2 + 4]
+    assert first_b2 == ("execute", 2 * 8 * MS_NS + 5 * MS_NS)  # linear bound from b1: 8 ms
+
+
+async def test_a_slow_model_gets_one_warm_up_fewer_runs_and_fewer_batch_sizes() -> None:
+    slow_ns = 400 * MS_NS
+    executor = ScriptedExecutor({1: [slow_ns] * 10, 2: [2 * slow_ns] * 10}, load_ns=[MS_NS] * 2)
+    config = ProfilerConfig(warmup_iterations=2, iterations=10, load_iterations=1)
+    profile, sizes = await measure(executor.target(), "m", SPECS, (1, 2, 4, 8), config)
+    infers = [m.batch_size for m in executor.sent if isinstance(m, Infer)]
+    # b1: its first run is the warm-up, then slow_iterations (2); b2 likewise; b4's bound,
+    # 4 x 400 ms = 1.6 s, is over max_execute_ns (1 s): not measured.
+    assert infers == [1, 1, 1, 2, 2, 2]
+    assert sizes == (1, 2) and profile.execute_ns[2] == 2 * slow_ns
+
+
+async def test_what_the_time_cap_leaves_unmeasured_is_not_offered() -> None:
+    executor = ScriptedExecutor({1: [30 * MS_NS] * 10, 2: [60 * MS_NS] * 10}, load_ns=[MS_NS])
+    config = ProfilerConfig(
+        warmup_iterations=1, iterations=2, load_iterations=1, max_profile_ns=200 * MS_NS
+    )
+    _, sizes = await measure(executor.target(), "m", SPECS, (1, 2), config)
+    assert sizes == (1,)  # b2 (3 runs of a 60 ms bound) would not fit in what was left
+
+
+async def test_a_batch_one_that_cannot_finish_within_the_cap_fails() -> None:
+    executor = ScriptedExecutor({1: [300 * MS_NS] * 10}, load_ns=[MS_NS])
+    config = ProfilerConfig(
+        warmup_iterations=1, iterations=2, load_iterations=1, max_profile_ns=500 * MS_NS
+    )
+    with pytest.raises(ProfilingError, match="max_profile_ns"):
+        await measure(executor.target(), "m", SPECS, (1,), config)
+    assert isinstance(executor.sent[-1], Unload)

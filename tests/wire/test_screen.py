@@ -69,3 +69,36 @@ def test_feeding_bytes_screens_the_same() -> None:
     while (message := decoder.next_message()) is not None:
         kinds.append(type(message).__name__)
     assert kinds == ["InferRequest", "Screened", "Ping", "InferRequest"]
+
+
+@pytest.mark.parametrize("chunk", [3, 4096, 1 << 20])
+def test_a_lent_buffer_receives_the_tail_and_the_tensors_are_views_of_it(chunk: int) -> None:
+    seen: list[tuple[str, int]] = []
+    memory = np.zeros(1 << 19, np.uint8)  # stands for the IO arena
+    lent: list[np.ndarray] = []
+
+    def lend(nbytes: int) -> np.ndarray | None:
+        if lent:  # only the first screened-in tail; the others get their own buffer
+            return None
+        lent.append(memory[64 : 64 + nbytes])
+        return lent[-1]
+
+    decoder = Decoder(screen=_screen(seen))
+    decoder.lend = lend
+    data = memoryview(_frames())
+    for start in range(0, len(data), chunk):
+        decoder.feed(data[start : start + chunk])
+    first = decoder.next_message()
+    assert isinstance(first, InferRequest) and np.array_equal(first.inputs["x"], ROW)
+    assert np.shares_memory(first.inputs["x"], memory)  # read straight into the lent slot
+    messages = [decoder.next_message() for _ in range(3)]
+    last = messages[-1]
+    assert isinstance(last, InferRequest) and not np.shares_memory(last.inputs["x"], memory)
+
+
+def test_a_lent_buffer_of_the_wrong_size_is_not_used() -> None:
+    decoder = Decoder(screen=_screen([]))
+    decoder.lend = lambda nbytes: np.zeros(nbytes + 1, np.uint8)
+    decoder.feed(Encoder().encode_bytes(InferRequest(1, "keep", {"x": ROW})))
+    message = decoder.next_message()
+    assert isinstance(message, InferRequest) and np.array_equal(message.inputs["x"], ROW)

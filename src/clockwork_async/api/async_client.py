@@ -38,6 +38,7 @@ from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
     CancelInfer,
+    CancelRegistration,
     Error,
     GetHealth,
     GetStats,
@@ -299,29 +300,30 @@ class AsyncClient:
         model_toml: str | None = None,
         *,
         replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
-        """Upload an ONNX model (a local file, read here, or its bytes) and register it as
-        ``name``; returns its status. With ``replace``, it takes the name from the model
-        serving under it (requests already sent finish on that one). Raises ApiError
-        (``bad_model``, ``model_exists``, ``forbidden``, ...), OSError for an unreadable file,
-        ConnectionClosedError."""
+        """Upload an ONNX model (a file, read here, or its bytes) as ``name``; returns its status
+        once registered (``wait=False``: once its job started), ``replace``: taking the name.
+        Raises ApiError (``bad_model``, ``model_exists``, ...), OSError, ConnectionClosedError."""
         data = (
             path_or_bytes if isinstance(path_or_bytes, bytes) else Path(path_or_bytes).read_bytes()
         )
         files = {"model.onnx": np.frombuffer(data, dtype=np.uint8)}
-        request_id = next(self._ids)
         await self._drain()
-        future = self._call(request_id, AddModel(request_id, name, files, model_toml, replace))
-        reply = _checked(await self._wait(request_id, future))
+        reply = await self._request(lambda i: AddModel(i, name, files, model_toml, replace, wait))
+        assert isinstance(reply, ModelsReply)
+        return reply.models[0]
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        """Cancel the running registration of ``name``; returns its status once nothing of it
+        is left. Raises ApiError (``unknown_model``: none runs)."""
+        reply = await self._request(lambda i: CancelRegistration(i, name))
         assert isinstance(reply, ModelsReply)
         return reply.models[0]
 
     async def remove_model(self, name: str) -> None:
         """Unregister ``name``. Raises ApiError (``unknown_model``, ``forbidden``, ...)."""
-        request_id = next(self._ids)
-        _checked(
-            await self._wait(request_id, self._call(request_id, RemoveModel(request_id, name)))
-        )
+        await self._request(lambda i: RemoveModel(i, name))
 
     async def stats(self) -> dict[str, Any]:
         """The daemon's stats (a JSON object). Raises ApiError, ConnectionClosedError."""
@@ -376,9 +378,9 @@ class AsyncClient:
 
     # --- internals ----------------------------------------------------------------------------
 
-    async def _request(self, cls: type[ListModels | GetStats | GetHealth]) -> _Reply:
+    async def _request(self, make: Callable[[int], Message]) -> _Reply:
         request_id = next(self._ids)
-        return _checked(await self._wait(request_id, self._call(request_id, cls(request_id))))
+        return _checked(await self._wait(request_id, self._call(request_id, make(request_id))))
 
     def _call(self, request_id: int, message: Message) -> asyncio.Future[Message]:
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()

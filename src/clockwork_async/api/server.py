@@ -47,6 +47,7 @@ from clockwork_async.connection import (
     ConnectionState,
     start_server,
 )
+from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.wire.addresses import TcpAddress, UnixAddress, parse_address
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
@@ -82,6 +83,8 @@ class ServerLimits:
     max_write_buffer_bytes: int = ranged(MiB, 4096, GiB)  # replies unsent: stop reading requests
     max_uploads_in_flight: int = ranged(4, 1, 1024)  # add_model calls unanswered, all connections
     max_upload_bytes_in_flight: int = ranged(256 * MiB, 64 * 1024, 64 * GiB)  # their model bytes
+    io_arena_bytes: int = ranged(256 * MiB, 0, 64 * GiB)  # shared tensor memory; 0: none
+    io_arena_connection_share: float = ranged(0.5, 0.01, 1.0)  # of it, one connection at most
 
     def __post_init__(self) -> None:
         counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")
@@ -147,6 +150,7 @@ class ApiServer:
         # Model name -> the name its current version is served under (the daemon's service
         # keeps it); a name not in it is submitted as it is.
         self.routes: Mapping[str, ModelRoute] = routes if routes is not None else {}
+        self.io_arena: IoArena | None = None  # where requests' tensors are read (the daemon's)
         self._wire_limits = self.limits.wire_limits()
         self._state = ServerState.NEW
         self._listener: asyncio.Server | None = None

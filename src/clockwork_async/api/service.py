@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import Slot
 from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 __all__ = [
@@ -92,11 +93,13 @@ class Requests(Protocol):
         slo_ns: int | None,
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
+        slot: Slot | None = None,
     ) -> int:
         """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
         (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
         SLO. Returns the request's id; ``on_reply`` is called exactly once, possibly before
-        this returns."""
+        this returns. ``slot``: the IO arena slot its inputs were read into (the caller
+        releases it after ``on_reply``; outputs may be views of it)."""
         ...
 
     def screen(
@@ -132,10 +135,23 @@ class Admin(Protocol):
         ...
 
     async def add_model(
-        self, name: str, onnx_bytes: bytes, model_toml: str | None, *, replace: bool = False
+        self,
+        name: str,
+        onnx_bytes: bytes,
+        model_toml: str | None,
+        *,
+        replace: bool = False,
+        wait: bool = True,
     ) -> ModelStatus:
-        """Store and register a model; a taken name is ``model_exists`` unless ``replace``.
-        Raises ServiceError."""
+        """Store a model and register it in a background job; a taken name (or one being
+        registered) is ``model_exists`` unless ``replace``. Returns once it is registered
+        (``wait``), or at once with its job's status. Raises ServiceError (with ``wait``:
+        the job's failure, or ``cancelled``)."""
+        ...
+
+    async def cancel_registration(self, name: str) -> ModelStatus:
+        """Cancel the running registration of ``name``; returns its job's status once nothing
+        of it is left. Raises ServiceError (``unknown_model``: none is running)."""
         ...
 
     async def remove_model(self, name: str) -> None:

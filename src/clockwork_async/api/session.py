@@ -12,6 +12,14 @@ Invariants (the server's, per connection):
   frame) while it waits for the service.
 - A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
   every request it sent has its reply queued, or the connection is gone.
+- IO arena slots (docs/architecture.md, "The data plane"): an InferRequest whose header passed
+  the door is read into a slot this session leases (its owner: the session, for the
+  connection's share); the slot is released exactly once: at once when the request is
+  refused here, or when it ends without outputs; after the reply's bytes have left the
+  process (`Connection.when_written`) when the reply carries outputs from it; and, for slots
+  whose frames were never handed over, when the connection goes. The request path may hold
+  pins on it meanwhile (an executor reading or writing it), which delay the free, never the
+  release.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import asyncio
 import json
 import logging
 import math
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -31,12 +40,14 @@ from clockwork_async.api.auth import Scope
 from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests, ServiceError
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import ArenaRefusal, IoArena, Slot
 from clockwork_async.logs import request_extra
 from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
     AddModel,
     ApiCode,
     CancelInfer,
+    CancelRegistration,
     ErrorCode,
     GetHealth,
     GetStats,
@@ -94,6 +105,9 @@ class SessionHost(Protocol):
     @property
     def routes(self) -> Mapping[str, ModelRoute]: ...
 
+    @property
+    def io_arena(self) -> IoArena | None: ...
+
     def now_ns(self) -> int: ...
 
     def unix_now_ns(self) -> int: ...
@@ -121,6 +135,7 @@ class _Pending:
     model_version: int = 0  # the version it was routed to (0: a name without a route)
     service_id: int | None = None  # None until submit returned (or if it answered at once)
     done: bool = False
+    slot: Slot | None = None  # the IO arena slot its tensors were read into
 
 
 @dataclass(slots=True)
@@ -147,8 +162,12 @@ class ApiSession:
         self._server = server
         self._service = server.service
         self._requests = server.requests
-        connection.set_screen(self._screen, self._on_screened)
+        connection.set_screen(self._screen, self._on_screened, self._lend)
         self._connection = connection
+        self._arena = server.io_arena
+        self._next_slot: Slot | None = None  # leased by the screen, for `_lend` right after
+        self._lent: deque[Slot] = deque()  # read into, not yet handed over, in frame order
+        self._refused_here: deque[tuple[Outcome, str] | None] = deque()  # screened, in order
         self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
@@ -160,6 +179,7 @@ class ApiSession:
             ListModels: self._list_models,
             AddModel: self._add_model,
             RemoveModel: self._remove_model,
+            CancelRegistration: self._cancel_registration,
             GetStats: self._stats,
             GetHealth: self._health,
             Ping: self._ping,
@@ -189,7 +209,7 @@ class ApiSession:
         handler(message)
         if not self._connection.queued_messages:
             self._requests.flush()  # this read's requests are all in: schedule them
-        if isinstance(message, AddModel | RemoveModel):
+        if isinstance(message, AddModel | RemoveModel | CancelRegistration):
             return self._admin_settled(message.request_id)  # its frame is not held meanwhile
         return None  # (a slow reader: dispatch stops reading while our replies back up)
 
@@ -209,25 +229,35 @@ class ApiSession:
         await self._connection.wait_closed()
 
     def disconnected(self) -> None:
-        """The connection is gone: cancel what it still waits for (each once)."""
+        """The connection is gone: cancel what it still waits for (each once), and release
+        the slots of frames never handed over (one cut off mid-tensor included)."""
         for entry in list(self._pending.values()):
             if entry.service_id is not None and not entry.done:
                 self._requests.cancel(entry.service_id)
+        unclaimed = [*self._lent, *([self._next_slot] if self._next_slot else [])]
+        self._lent.clear()
+        self._next_slot = None
+        for slot in unclaimed:
+            slot.release()
 
     # --- infer ------------------------------------------------------------------------------
 
     def _infer(self, request: InferRequest) -> None:
+        slot = self._claim_slot(request)
         refusal = self._refusal(request)
         if refusal is not None:
             self._send_infer_reply(request.request_id, *refusal)
+            if slot is not None:
+                slot.release()
             return
         slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
         model, version = self._route(request.model)  # read here, once: a swap is atomic
-        entry = _Pending(self._server.now_ns(), version)
+        entry = _Pending(self._server.now_ns(), version, slot=slot)
         self._pending[request.request_id] = entry
         self._idle.clear()
         self._server.request_started()
         on_reply = partial(self._on_outcome, request.request_id, entry)
+        in_slot = {} if slot is None else {"slot": slot}  # a service without an arena: none
         try:
             service_id = self._requests.submit(
                 model,
@@ -235,6 +265,7 @@ class ApiSession:
                 slo_ns=slo_ns,
                 deadline_unix_ns=request.deadline_unix_ns,
                 on_reply=on_reply,
+                **in_slot,
             )
         except Exception as error:  # a bug in the service: this request alone fails
             peer = self._connection.peername
@@ -243,6 +274,7 @@ class ApiSession:
                 self._finish(request.request_id, entry)
                 why = f"submit failed: {error!r}"
                 self._send_infer_reply(request.request_id, ApiCode.INTERNAL, why)
+                self._release(entry, with_outputs=False)
             return
         if not entry.done:
             entry.service_id = service_id
@@ -257,15 +289,66 @@ class ApiSession:
         except ValueError:
             return None  # refused bad_input once decoded
         model, _ = self._route(fields.get("model", ""))
-        return self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
+        why = self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
+        if why is not None:
+            self._refused_here.append(None)  # the request path answers it (`refuse`)
+            return why
+        return self._lease(nbytes)
+
+    def _lease(self, nbytes: int) -> str | None:
+        """Lease the slot this frame's tensors will be read into (`_lend`), or say why not:
+        the arena is full or this connection used its share (``overloaded``), or the request
+        is larger than any one may be (``bad_input``)."""
+        if self._arena is None or not nbytes:
+            return None
+        leased = self._arena.lease(self, nbytes)
+        if isinstance(leased, ArenaRefusal):
+            outcome = Outcome.BAD_INPUT if leased.too_large else Outcome.OVERLOADED
+            self._refused_here.append((outcome, leased.message))
+            return leased.message
+        self._next_slot = leased
+        return None
+
+    def _lend(self, nbytes: int) -> np.ndarray | None:
+        """The memory the frame the screen just passed is read into: its slot, if leased."""
+        slot, self._next_slot = self._next_slot, None
+        if slot is None:
+            return None
+        self._lent.append(slot)
+        return slot.array[:nbytes]
+
+    def _claim_slot(self, request: InferRequest) -> Slot | None:
+        """The slot ``request``'s tensors were read into (the oldest lent), if any."""
+        if not self._lent or self._arena is None or not request.inputs:
+            return None
+        slot = self._lent[0]
+        offset = self._arena.offset_of(next(iter(request.inputs.values())))
+        if offset is None or not slot.offset <= offset < slot.offset + slot.nbytes:
+            return None
+        return self._lent.popleft()
+
+    def _release(self, entry: _Pending, *, with_outputs: bool) -> None:
+        """Release ``entry``'s slot once: after the reply's bytes left when they come from
+        it (`Connection.when_written`), else now."""
+        slot, entry.slot = entry.slot, None
+        if slot is None:
+            return
+        if with_outputs:
+            self._connection.when_written(slot.release)
+        else:
+            slot.release()
 
     def _on_screened(self, screened: Screened) -> None:
-        """An InferRequest refused from its header: answered ``overloaded``, like any other
-        request (its tensors were never kept)."""
+        """An InferRequest refused from its header: answered ``overloaded`` (or, too large
+        for the arena, ``bad_input``), like any other request (its tensors were never kept)."""
         request_id = screened.fields["request_id"]
+        here = self._refused_here.popleft() if self._refused_here else None
         if self._busy(request_id):
             why = f"request id {request_id} is already in flight"
             self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
+            return
+        if here is not None:  # the arena had no room for it: answered here, like the caps
+            self._send_infer_reply(request_id, *here)
             return
         model, version = self._route(screened.fields.get("model", ""))
         entry = _Pending(self._server.now_ns(), version)
@@ -317,6 +400,7 @@ class ApiSession:
             batch_size=outcome.batch_size,
             model_version=entry.model_version,
         )
+        self._release(entry, with_outputs=bool(outcome.outputs))
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
         entry.done = True
@@ -371,16 +455,17 @@ class ApiSession:
         """Run an admitted upload; its share of the server's budget is given back once."""
         hold = _UploadHold(self._server, len(onnx_bytes))
         request_id, name, model_toml = request.request_id, request.name, request.model_toml
-        replace = request.replace
+        replace, wait = request.replace, request.wait
 
         async def add() -> ModelsReply:
             try:
                 status = await self._service.add_model(
-                    name, onnx_bytes, model_toml, replace=replace
+                    name, onnx_bytes, model_toml, replace=replace, wait=wait
                 )
             finally:
                 hold.release()  # before the reply: the client may upload again at once
             done = f"replaced by version {status.version}" if replace else "added"
+            done = done if wait else f"stored as version {status.version}; {status.state}"
             return _models_reply(request_id, f"model {name!r} {done}", status)
 
         task = self._spawn_admin(request_id, "add_model", add)
@@ -392,6 +477,13 @@ class ApiSession:
             return _models_reply(request.request_id, f"model {request.name!r} removed")
 
         self._start_admin(request.request_id, "remove_model", remove)
+
+    def _cancel_registration(self, request: CancelRegistration) -> None:
+        async def cancel() -> ModelsReply:
+            status = await self._service.cancel_registration(request.name)
+            return _models_reply(request.request_id, f"registration of {request.name!r}", status)
+
+        self._start_admin(request.request_id, "cancel_registration", cancel)
 
     def _start_admin(
         self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]

@@ -256,13 +256,14 @@ class Door:
 
     def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
         """The repository extension's index: every served model, its version and state
-        (``READY`` or the daemon's word for it, upper-cased)."""
+        (``READY`` or the daemon's word for it, upper-cased: ``PROFILING``, ``FAILED`` ... for
+        a registration not served, with its reason)."""
         index = []
         for status in self.host.service.list_models():
             state = "READY" if status.state in READY_STATES else status.state.upper()
             if state == "READY" or not ready_only:
                 entry = {"name": status.name, "version": str(status.version or 1)}
-                index.append({**entry, "state": state, "reason": ""})
+                index.append({**entry, "state": state, "reason": status.reason})
         return index
 
     def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:

@@ -24,11 +24,11 @@ import logging
 import ssl as ssl_module
 from collections import deque
 from functools import partial
-from http import HTTPStatus
 from typing import cast
 
 import httptools
 
+from clockwork_async.api.http_shared import ConnectionTimer, encode_head
 from clockwork_async.api.v2_config import HttpConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_routes import (
@@ -135,7 +135,7 @@ class _HttpConnection(asyncio.Protocol):
         self._request: HttpRequest | None = None  # being read
         self._queue: deque[HttpRequest] = deque()  # read, not answered
         self._task: asyncio.Task[HttpResponse] | None = None  # the infer being answered
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = ConnectionTimer(self._timed_out)
         self._writing_paused = False
         self._closed = False
 
@@ -276,16 +276,16 @@ class _HttpConnection(asyncio.Protocol):
             return
         close = close or not request.keep_alive
         body = response.body
-        lines = [f"HTTP/1.1 {response.status} {_reason(response.status)}"]
-        lines.append(f"content-type: {(OCTETS if body.binary else JSON).decode()}")
-        lines.append(f"content-length: {body.nbytes}")
+        headers = [
+            ("content-type", (OCTETS if body.binary else JSON).decode()),
+            ("content-length", str(body.nbytes)),
+        ]
         if body.header_bytes is not None:
-            lines.append(f"{HEADER_LENGTH}: {body.header_bytes}")
-        lines += [f"{name}: {value}" for name, value in response.headers]
+            headers.append((HEADER_LENGTH, str(body.header_bytes)))
+        headers += response.headers
         if close:
-            lines.append("connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        transport.writelines([head, body.json, *body.binary])
+            headers.append(("connection", "close"))
+        transport.writelines([encode_head(response.status, headers), body.json, *body.binary])
         if close:
             self._close()
 
@@ -314,24 +314,13 @@ class _HttpConnection(asyncio.Protocol):
             self._transport.close()  # writes what is buffered first
 
     def _arm(self, timeout_s: float) -> None:
-        self._disarm()
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._timed_out)
+        self._timer.arm(timeout_s)
 
     def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.disarm()
 
     def _timed_out(self) -> None:
-        self._timer = None
         if self._request is not None:  # a request started and not finished: a slow client
             self._fail(V2Error(REQUEST_TIMEOUT, "the request was not received in time"))
         elif self._task is None and not self._queue:
             self._close()  # idle
-
-
-def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Client Closed Request" if status == 499 else "Unknown"

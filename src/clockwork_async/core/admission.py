@@ -18,7 +18,7 @@ from .outcomes import Outcome
 from .policies import Policy, Rejection
 from .requests import answer, enqueue, reject
 from .state import CoreState
-from .warm_up import warm_up
+from .warm_up import probe, warm_up
 
 
 def on_request_arrived(core: CoreState, policy: Policy, event: RequestArrived) -> None:
@@ -68,10 +68,12 @@ def _refuse(
             note_demand(core, model)
     reject(core, request_id, outcome, message)
     if outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
+        model.refused_at_ns = core.now_ns
         _relax(core, model)
+        internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
         if core.config.warm_up_infers:
-            internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
             warm_up(core, model, internal_ns)
+        probe(core, model, internal_ns)
 
 
 def _relax(core: CoreState, model: ModelState) -> None:

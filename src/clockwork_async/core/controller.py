@@ -17,11 +17,12 @@ forbids any import cycle; docs/controller.md, "Layers"):
    (spec checks);
 2. entities: queues, lanes, entities (requests, models, executors, actions, booked batches);
 3. state: the data (CoreState), with lookups that only read it;
-4. agenda (what to look at next), feasibility, eviction, ledger;
+4. agenda (what to look at next), feasibility, eviction, room, ledger;
 5. request operations: requests (answer, reject, enqueue, requeue, rebook), warm_up;
 6. plans: batching, policies (they read the state and return values: a Rejection or a Quote,
    a Batch, Defer, Drop or Handoff);
-7. acts: admission, scheduler (carries out the plans), results, membership, placement;
+7. acts: admission, scheduler (carries out the plans), results, membership, placement,
+   reservations (lanes held for work the core does not plan: registration's profiling);
 8. stats, and this controller, which holds the policy and hands it down.
 """
 
@@ -46,8 +47,10 @@ from .events import (
     ExecutorLeft,
     ModelRegistered,
     ModelUnregistered,
+    ReleaseLane,
     RequestArrived,
     RequestCancelled,
+    ReserveLane,
     ReturnHop,
     Shutdown,
     Tick,
@@ -61,6 +64,7 @@ from .membership import (
 )
 from .placement import place
 from .policies import Policy, make_policy
+from .reservations import hold_overdue, on_release_lane, on_reserve_lane
 from .results import learn_return_hop, on_action_finished
 from .scheduler import emit_wake, run_due
 from .state import CoreState
@@ -92,6 +96,8 @@ class Controller:
             Tick: self._on_tick,
             Shutdown: self._on_shutdown,
             Abandon: lambda e: on_abandon(core, e),
+            ReserveLane: lambda e: on_reserve_lane(core, e),
+            ReleaseLane: lambda e: on_release_lane(core, e),
         }
 
     def handle(self, event: Event, now_ns: int) -> list[Command]:
@@ -113,6 +119,8 @@ class Controller:
         if handler is None:
             raise InvalidEvent(f"not a controller event: {event!r}")
         core.now_ns = now_ns
+        if core.reservations:  # (few, only while registrations profile)
+            hold_overdue(core)
         handler(event)
 
     def schedule(self, now_ns: int) -> list[Command]:

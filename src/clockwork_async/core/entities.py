@@ -1,6 +1,9 @@
 """The core's entities: requests, models, executors, and the actions and booked batches
 between them (they refer to one another, so they are defined together).
 
+One idea: the core's data model, what each entity holds and its guarded transitions; what
+happens to them is decided by the layers above (docs/controller.md, "Layers").
+
 Invariants: a request is QUEUED (in its model's queue), RUNNING (in exactly one outstanding
 INFER) or DONE (answered exactly once); ``RequestState.move`` is the one guarded transition
 (QUEUED -> RUNNING | DONE, RUNNING -> QUEUED | DONE) and raises on any other. A model's queue is a
@@ -91,11 +94,13 @@ class ModelState:
         "by_kind",
         "demand",
         "demand_at_ns",
+        "in_order_share",
         "loaded_on",
         "loading_on",
         "name",
         "queue",
         "queued",
+        "refused_at_ns",
         "reserved_load_ns",
         "reserved_on",
         "reserved_pages",
@@ -116,6 +121,10 @@ class ModelState:
         self.retired = False  # unregistered; copies unload once idle
         self.demand = 0.0  # arrivals (accepted or not), decayed (see note_arrival)
         self.demand_at_ns = 0
+        # Share of its recent bookings that sorted last in its queue, so could join its open
+        # batch: the room a new batch is booked with expects this share of arrivals (ledger).
+        self.in_order_share = 1.0
+        self.refused_at_ns = -(1 << 62)  # last arrival refused ``infeasible`` (admission)
         # A LOAD promised to accepted requests while the model has no copy (ledger.py).
         self.reserved_on: ExecutorState | None = None
         self.reserved_ready_ns = 0  # when that LOAD was predicted to end
@@ -205,6 +214,7 @@ class Action:
         "pages",
         "planned_end_ns",
         "predicted_ns",
+        "probe",
         "requests",
         "warm_up",
     )
@@ -230,6 +240,7 @@ class Action:
         self.batch_size = 0
         self.pages = 0
         self.warm_up = False  # an INFER of no request, to warm its lane (warm_up.py)
+        self.probe = False  # an INFER of no request, to measure a stale prediction (ditto)
 
     def start_infer(self) -> StartInfer:
         """The command that sends this INFER (committed to its lane: ``planned_end_ns`` set)."""
@@ -246,6 +257,34 @@ class Action:
         )
 
 
+class Reservation:
+    """A lane (and pages) held for work the core does not plan (`ReserveLane`): planned on
+    its lane like an action, so the lane's chain runs through it."""
+
+    __slots__ = (
+        "earliest_ns",
+        "executor",
+        "hold_ns",
+        "lane",
+        "pages",
+        "planned_end_ns",
+        "predicted_ns",
+        "reservation_id",
+    )
+
+    def __init__(
+        self, reservation_id: int, executor: ExecutorState, lane: Lane | None, pages: int
+    ) -> None:
+        self.reservation_id = reservation_id
+        self.executor = executor
+        self.lane = lane  # None: pages alone
+        self.pages = pages
+        self.earliest_ns = 0
+        self.predicted_ns = 0
+        self.planned_end_ns = 0
+        self.hold_ns = 0  # past its predicted end, it is assumed to run this much longer
+
+
 class BookedBatch:
     """A batch the admission ledger booked queued requests of one model into, on one
     executor: its predicted start and end (pushed back when work before it grows), the
@@ -253,10 +292,20 @@ class BookedBatch:
     is costed as) and how many are still queued (``live``), and its cost (exec of ``size``
     padded)."""
 
-    __slots__ = ("cost_ns", "deadline_ns", "end_ns", "index", "live", "model", "size", "start_ns")
+    __slots__ = (
+        "cost_ns",
+        "deadline_ns",
+        "end_ns",
+        "index",
+        "live",
+        "model",
+        "room",
+        "size",
+        "start_ns",
+    )
 
     def __init__(
-        self, model: str, index: int, start_ns: int, cost_ns: int, deadline_ns: int
+        self, model: str, index: int, start_ns: int, cost_ns: int, deadline_ns: int, room: int = 1
     ) -> None:
         self.model = model
         self.index = index  # position in the executor's booking order
@@ -266,6 +315,7 @@ class BookedBatch:
         self.deadline_ns = deadline_ns
         self.size = 1
         self.live = 1
+        self.room = room  # rows booked for it: its cost is exec(max(size, room), padded)
 
 
 class ExecutorState:

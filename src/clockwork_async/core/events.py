@@ -153,6 +153,33 @@ class Abandon:
     message: str = "the server is shutting down"
 
 
+@dataclass(frozen=True, slots=True)
+class ReserveLane:
+    """Hold one lane of an executor for ``duration_ns`` of work the core does not plan itself
+    (registration's profiling actions), and ``pages`` of its weight pages until the release.
+
+    ``lane`` is ``"execute"``, ``"load"``, or ``""`` for pages alone. ``reservation_id`` is
+    the runtime's, unique per executor among reservations not yet released. Answered by one
+    `LaneReserved` (core/reservations.py).
+    """
+
+    executor_id: ExecutorId
+    reservation_id: int
+    lane: str
+    duration_ns: int
+    pages: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseLane:
+    """The reserved work ended at ``end_ns`` (controller clock; 0: it never ran, or now):
+    the lane is planned from there again and the reservation's pages are free."""
+
+    executor_id: ExecutorId
+    reservation_id: int
+    end_ns: int = 0
+
+
 Event = (
     ExecutorJoined
     | ExecutorLeft
@@ -167,6 +194,8 @@ Event = (
     | Tick
     | Shutdown
     | Abandon
+    | ReserveLane
+    | ReleaseLane
 )
 
 
@@ -222,4 +251,19 @@ class WakeAt:
     time_ns: int
 
 
-Command = StartLoad | StartInfer | StartUnload | Reply | WakeAt
+@dataclass(frozen=True, slots=True)
+class LaneReserved:
+    """The answer to `ReserveLane`: the lane is held from ``start_ns`` (after the work
+    committed before it) to ``end_ns``, and nothing planned later starts before ``end_ns``
+    by the core's plan. The runtime sends the reserved action at once (it starts on the
+    executor when the lane's earlier actions end). ``refused`` is set when nothing was
+    reserved (unknown executor, pages that do not fit), with why."""
+
+    executor_id: ExecutorId
+    reservation_id: int
+    start_ns: int
+    end_ns: int
+    refused: str = ""
+
+
+Command = StartLoad | StartInfer | StartUnload | Reply | WakeAt | LaneReserved

@@ -17,6 +17,8 @@ from typing import Protocol
 
 from .profiles import SlidingWindow
 
+OVERRUN_WINDOW = 16  # executions whose overrun of their prediction a lane remembers
+
 
 class Planned(Protocol):
     """What a lane reads and writes of an action (entities.Action)."""
@@ -36,6 +38,8 @@ class Lane:
         "end_ns",
         "lead_ns",
         "outstanding",
+        "overrun_ns",
+        "overruns",
         "resyncs",
         "warm_gap_ns",
     )
@@ -51,6 +55,19 @@ class Lane:
         self.warm_gap_ns = warm_gap_ns
         self.cold_extra = SlidingWindow(size, percentile, 0) if warm_gap_ns else None
         self.cold_extra_ns = 0
+        # How far the last OVERRUN_WINDOW back-to-back executions ran over their predictions
+        # (0 for those that did not), and the largest: admission leaves that much room.
+        self.overruns: deque[int] = deque()
+        self.overrun_ns = 0
+
+    def note_overrun(self, over_ns: int) -> None:
+        """Count an execution's measured minus predicted duration in ``overrun_ns``."""
+        overruns = self.overruns
+        overruns.append(max(over_ns, 0))
+        if len(overruns) > OVERRUN_WINDOW and overruns.popleft() == self.overrun_ns:
+            self.overrun_ns = max(overruns)
+        else:
+            self.overrun_ns = max(self.overrun_ns, overruns[-1])
 
     def free_at(self, now_ns: int) -> int:
         """Return when the lane is predicted to be free (may be before ``now_ns`` when idle)."""
@@ -97,6 +114,14 @@ class Lane:
         action.planned_end_ns = start_ns + action.predicted_ns
         self.outstanding.append(action)
         self.end_ns = action.planned_end_ns
+
+    def hold(self, action: Planned, until_ns: int) -> None:
+        """``action`` (outstanding, past its predicted end, no result yet) is assumed to run
+        until ``until_ns``: it is planned that much longer and the chain behind it moves
+        (a lane reservation runs until released: reservations.py)."""
+        if action.planned_end_ns < until_ns:
+            action.predicted_ns += until_ns - action.planned_end_ns
+            self._chain(self.base_ns)
 
     def finish(self, action: Planned, ended_ns: int) -> None:
         """Remove ``action`` (result in, or executor gone); re-chain from ``ended_ns``."""

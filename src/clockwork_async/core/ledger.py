@@ -44,11 +44,10 @@ from dataclasses import dataclass
 
 from .entities import BookedBatch, ExecutorState, ModelState, RequestState
 from .eviction import choose_victims, send_unload
-from .profiles import KindPredictions
+from .room import grow_pays, note_booking, room_rows, target_ns
 from .state import CoreState, predict
 
 DEMAND_MODELS = 4096  # most models remembered as wanted after rejections (oldest forgotten)
-TARGET_CACHE = 64  # target batch times cached per (model, kind), by SLO budget
 
 
 @dataclass(slots=True)
@@ -65,6 +64,8 @@ class Quote:
     load_ns: int = 0  # a new reservation: its LOAD's predicted duration (else 0)
     victims: list[str] | None = None  # a new reservation: the idle models to evict for it
     ahead_of: int = -1  # a new batch booked ahead: its position in ``booked`` (else appended)
+    room: int = 1  # a new batch: the rows booked for it (its share is exec of that size)
+    in_order: bool = True  # the request sorts last in its model's queue (it could join)
 
 
 def best_quote(core: CoreState, model: ModelState, internal_deadline_ns: int) -> Quote | None:
@@ -174,36 +175,51 @@ def _quote_on(
     or half-way there for the model's first batch on this executor. That room is what later
     requests join into, or what joins into earlier batches push it back by; without it,
     under overload every request opens a batch at the very edge of its deadline and the lane
-    degenerates into batches of one (docs/controller.md has the measurements). A new batch
+    degenerates into batches of one (docs/controller.md has the measurements). While its
+    model is being refused, a new batch is booked as the rows its expected members fill
+    (room.py), and a join that would grow a batch past its padded size opens a new batch
+    instead when that serves fewer requests per unit of time (and a new batch fits). A new batch
     that would not end in time after all the booked work may go ahead of the batches with
     later deadlines (``_quote_ahead``).
     """
-    base_ns = max(booked_end_ns(executor, core.now_ns), ready_ns)
+    now_ns = core.now_ns
+    base_ns = max(booked_end_ns(executor, now_ns), ready_ns)
     predictions = predict(core, model, executor)
     exec_ns = predictions.exec_ns
     batch = executor.open_batches.get(model.name)
     last_key_ns = model.queue.last_key_ns()
     in_order = last_key_ns is None or internal_deadline_ns >= last_key_ns
+    joined: Quote | None = None
     if batch is not None and batch.size < model.max_batch and in_order:
-        grown_ns = exec_ns[model.padded_batch(batch.size + 1)]
-        share_ns = grown_ns - exec_ns[model.padded_batch(batch.size)]
+        rows_now = model.padded_batch(max(batch.size, batch.room))
+        rows_grown = model.padded_batch(max(batch.size + 1, batch.room))
+        grown_ns = exec_ns[rows_grown]
+        share_ns = grown_ns - exec_ns[rows_now]
         end_ns = batch.start_ns + grown_ns
         if end_ns <= min(batch.deadline_ns, internal_deadline_ns) and _chain(
             executor, batch.index + 1, batch.end_ns + share_ns, {}, apply=False
         ):
-            return Quote(executor, base_ns + share_ns, share_ns, True, batch.start_ns)
-    share_ns = exec_ns[model.spec.batch_sizes[0]]
-    room_ns = _target_ns(model, predictions, internal_deadline_ns - core.now_ns)
+            joined = Quote(executor, base_ns + share_ns, share_ns, True, batch.start_ns)
+            if share_ns == 0 or grow_pays(core, model, exec_ns, batch, rows_now, rows_grown):
+                return joined
+    budget_ns = internal_deadline_ns - now_ns
+    room_ns = target_ns(model, predictions, budget_ns)
+    rows = room_rows(core, model, exec_ns, room_ns, budget_ns, base_ns)
+    share_ns = exec_ns[rows]
     if batch is None and room_ns > share_ns:  # its first batch here: half the room
         room_ns = share_ns + (room_ns - share_ns) // 2
     grow_ns = max(share_ns, room_ns)
-    quote = Quote(executor, base_ns + grow_ns, share_ns, False, base_ns)
+    quote = Quote(executor, base_ns + grow_ns, share_ns, False, base_ns, room=rows)
+    quote.in_order = in_order
     # Ahead, but not of its own model's open batch: booked apart from it, it would be costed
     # as a batch of its own that the scheduler will not run (it batches them together).
     if quote.finish_ns > internal_deadline_ns and (in_order or batch is None):
-        ahead = _quote_ahead(core, executor, ready_ns, share_ns, grow_ns, internal_deadline_ns)
+        b1_ns = exec_ns[model.spec.batch_sizes[0]]
+        ahead = _quote_ahead(core, executor, ready_ns, b1_ns, grow_ns, internal_deadline_ns)
         if ahead is not None:
             return ahead
+    if quote.finish_ns > internal_deadline_ns and joined is not None:
+        return joined
     return quote
 
 
@@ -280,33 +296,11 @@ def _chain(
     return True
 
 
-def _target_ns(model: ModelState, predictions: KindPredictions, budget_ns: int) -> int:
-    """Return ``target_batch_ns``, cached per budget until a prediction changes."""
-    targets = predictions.targets
-    found_ns = targets.get(budget_ns)
-    if found_ns is None:
-        if len(targets) >= TARGET_CACHE:
-            targets.clear()
-        found_ns = targets[budget_ns] = target_batch_ns(model, predictions.exec_ns, budget_ns)
-    return found_ns
-
-
-def target_batch_ns(model: ModelState, exec_ns: dict[int, int], budget_ns: int) -> int:
-    """Return exec(b) for the largest batch size b with 2 * exec(b) <= ``budget_ns`` (the
-    request's internal SLO), or 0 when none fits."""
-    found_ns = 0
-    for size in model.spec.batch_sizes:
-        size_ns = exec_ns[size]
-        if 2 * size_ns > budget_ns:
-            break
-        found_ns = size_ns
-    return found_ns
-
-
 def book(core: CoreState, request: RequestState, quote: Quote) -> None:
     """Book a QUEUED request as ``quote`` says (and reserve its model's LOAD if new)."""
     executor = quote.executor
     model = request.model
+    note_booking(model, quote.in_order)
     if quote.joins:
         batch = executor.open_batches[model.name]
         batch.size += 1
@@ -330,7 +324,7 @@ def _open_batch(executor: ExecutorState, name: str, quote: Quote, deadline_ns: i
     booked = executor.booked
     position = len(booked) if quote.ahead_of < 0 else quote.ahead_of
     index = executor.booked_head + position
-    batch = BookedBatch(name, index, quote.open_start_ns, quote.share_ns, deadline_ns)
+    batch = BookedBatch(name, index, quote.open_start_ns, quote.share_ns, deadline_ns, quote.room)
     booked.insert(position, batch)
     for later in booked[position + 1 :]:
         later.index += 1
@@ -453,6 +447,7 @@ def _recost(executor: ExecutorState, batch: BookedBatch, released_ns: int) -> No
     batch.cost_ns -= released_ns
     batch.end_ns = batch.start_ns + batch.cost_ns
     batch.size = batch.live
+    batch.room = min(batch.room, batch.live)
 
 
 def reserve(core: CoreState, model: ModelState, executor: ExecutorState, quote: Quote) -> None:

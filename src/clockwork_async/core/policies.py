@@ -122,7 +122,7 @@ class ClockworkPolicy:
             return Outcome.INFEASIBLE, "no executor is connected", False
         internal_ns, _ = self.plan_keys(core, model, deadline_ns)
         quote = best_quote(core, model, internal_ns)
-        if quote is not None and quote.finish_ns <= internal_ns:
+        if quote is not None and quote.finish_ns + _overrun_ns(core, quote) <= internal_ns:
             return quote
         slo_ms = (deadline_ns - core.now_ns) / 1e6
         message = (
@@ -300,6 +300,16 @@ class TimeoutPolicy(FifoPolicy):
         if model.queued < model.max_batch and core.now_ns < ready_ns:
             return Defer(ready_ns)
         return fifo_batch(core, executor, model)
+
+
+def _overrun_ns(core: CoreState, quote: Quote) -> int:
+    """Room to leave after a quote: with work planned before it, as much as the executor's
+    recent INFERs ran over their predictions (0 on an idle lane, and while they keep to
+    them). The work ahead running over would otherwise push the request past its deadline
+    after it was accepted: refused now instead of dropped later (at SLOs near 2x b1)."""
+    if quote.open_start_ns <= core.now_ns:
+        return 0
+    return quote.executor.exec_lane.overrun_ns
 
 
 def cap_rejection(core: CoreState, model: ModelState) -> Rejection | None:

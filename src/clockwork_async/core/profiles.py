@@ -11,7 +11,8 @@ Recovery: a window only learns from actions that run, so one slow outlier could 
 request look infeasible, and then nothing runs to correct it. `Predictions.relax` (called when
 a request is refused) lets a window that has had no sample for ``stale_ns`` forget its largest
 sample, one per ``stale_ns``, while that sample is over ``outlier_factor`` x the window's
-(lower) median. A window of consistent samples never relaxes.
+(lower) median. A window of consistent samples does not relax; a probe does (warm_up.py):
+a stale window's measurement by a probe drops its samples over ``outlier_factor`` x it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ class SlidingWindow:
         self.updated_ns = now_ns
         self._update()
         return True
+
+    def forget_above(self, limit_ns: int) -> None:
+        """Drop every sample over ``limit_ns`` (a probe found the machine faster now)."""
+        kept = [sample for sample in self._samples if sample <= limit_ns]
+        if kept and len(kept) < len(self._samples):
+            self._samples = deque(kept, maxlen=self._samples.maxlen)
+            self._update()
 
     def _update(self) -> None:
         ordered = sorted(self._samples)
@@ -103,6 +111,21 @@ class KindPredictions:
         error_ns = measured_ns - self._load_window.value_ns
         self._load_window.add(measured_ns, now_ns)
         self.load_ns = self._load_window.value_ns
+        return error_ns
+
+    def exec_stale(self, batch_size: int, now_ns: int, stale_ns: int) -> bool:
+        """Whether the execute window of ``batch_size`` had no sample for ``stale_ns``."""
+        return now_ns - self._exec_windows[batch_size].updated_ns >= stale_ns
+
+    def record_probe(self, batch_size: int, measured_ns: int, now_ns: int, factor: float) -> int:
+        """Record a probe's measurement (warm_up.py): the window was stale, so the samples
+        over ``factor`` x this one describe a machine that has since changed: forgotten.
+        Return the prediction error."""
+        window = self._exec_windows[batch_size]
+        error_ns = measured_ns - window.value_ns
+        window.add(measured_ns, now_ns)
+        window.forget_above(int(factor * measured_ns))
+        self._took(batch_size, window)
         return error_ns
 
     def relax(self, now_ns: int, stale_ns: int, factor: float) -> None:
@@ -171,6 +194,19 @@ class Predictions:
         error_ns = self.get(spec, kind).record_execute(batch_size, measured_ns, now_ns)
         self.note_execute_error(spec, kind, batch_size, error_ns)
         return error_ns
+
+    def record_probe(
+        self,
+        spec: ModelSpec,
+        kind: str,
+        batch_size: int,
+        measured_ns: int,
+        now_ns: int,
+        factor: float,
+    ) -> None:
+        """Record a probe's measured execute duration (KindPredictions.record_probe)."""
+        error_ns = self.get(spec, kind).record_probe(batch_size, measured_ns, now_ns, factor)
+        self.note_execute_error(spec, kind, batch_size, error_ns)
 
     def note_execute_error(
         self, spec: ModelSpec, kind: str, batch_size: int, error_ns: int

@@ -115,8 +115,14 @@ def _learn_execute(
     gap, lanes.py) corrects the executor's cold extra instead; a warm-up behind another
     (warm_up.py) corrects nothing."""
     spec, kind, batch_size = action.model.spec, executor.kind, action.batch_size
+    if action.probe:  # a cold lane's extra is the lane's, not the model's
+        measured_ns -= executor.exec_lane.cold_extra_ns if cold else 0
+        factor = core.config.outlier_factor
+        core.predictions.record_probe(spec, kind, batch_size, measured_ns, core.now_ns, factor)
+        return
     if not cold:
         if not action.warm_up:
+            executor.exec_lane.note_overrun(measured_ns - action.predicted_ns)
             core.predictions.record_execute(spec, kind, batch_size, measured_ns, core.now_ns)
         return
     lane = executor.exec_lane

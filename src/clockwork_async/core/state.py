@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from .config import ControllerConfig
-from .entities import Action, ExecutorState, ModelState, RequestState
+from .entities import Action, ExecutorState, ModelState, RequestState, Reservation
 from .events import Command
 from .outcomes import Outcome
 from .profiles import KindPredictions, Predictions
@@ -24,6 +24,7 @@ COUNTERS = (
     "loads",
     "cold_starts",
     "warm_ups",
+    "probes",
     "unloads",
     "evictions",
     "load_failures",
@@ -51,6 +52,8 @@ class CoreState:
         self.free_load_slots = 0  # sum over executors of max_loads_in_flight - loads out
         self.actions: dict[int, Action] = {}  # outstanding INFER and LOAD actions
         self.unloads: dict[int, tuple[str, str]] = {}  # action id -> (executor, model)
+        # (executor id, reservation id) -> lanes and pages held (ReserveLane, reservations.py)
+        self.reservations: dict[tuple[str, int], Reservation] = {}
         self.out: list[Command] = []
         self.now_ns = 0
         self.queued_total = 0

@@ -1,4 +1,5 @@
-"""Requests' tensors in and out of batches. Pure: numpy only.
+"""Requests' tensors in and out of batches, as bytes or as IO arena references. Pure: numpy
+only (and the arena's slots, read and pinned by the caller).
 
 A request carries exactly one row of every input: the model's TensorSpec shape with the leading
 (batch) axis equal to 1. A batch stacks the rows of its requests in the order the core listed
@@ -16,11 +17,13 @@ is not dynamic) is sent whole: its model runs at batch 1 only (`model_info`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
+from clockwork_async.ioarena.shared import Slot, row_nbytes
 from clockwork_async.wire.dtypes import batch_shape, request_shape
 from clockwork_async.wire.messages import TensorSpec
 
@@ -147,3 +150,96 @@ def zero_batch(specs: Sequence[TensorSpec], batch_size: int) -> dict[str, np.nda
 def tensor_bytes(inputs: Mapping[str, object]) -> int:
     """The bytes of a request's tensors (what its frame carried)."""
     return sum(value.nbytes for value in inputs.values() if isinstance(value, np.ndarray))
+
+
+def row_bytes(spec: TensorSpec) -> int | None:
+    """The bytes of one row of ``spec`` (`ioarena.shared.row_nbytes`: None when an axis other
+    than the batch's is dynamic, so its rows cannot travel by reference)."""
+    return row_nbytes(spec.shape, spec.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class RowSlot:
+    """Where one output's row sits in a request's output region."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]  # the row's: (1, ...)
+    offset_bytes: int  # from the region's start, aligned
+    nbytes: int
+
+
+@lru_cache(maxsize=256)  # per model: asked for every batch sent by reference
+def output_layout(
+    specs: tuple[TensorSpec, ...], align_bytes: int = 64
+) -> tuple[RowSlot, ...] | None:
+    """One row of every output, packed and aligned in model order; None when a row's size is
+    not fixed (outputs then come back as bytes)."""
+    layout: list[RowSlot] = []
+    offset_bytes = 0
+    for spec in specs:
+        nbytes = row_bytes(spec)
+        if nbytes is None:
+            return None
+        layout.append(RowSlot(spec.name, spec.dtype, (1, *spec.shape[1:]), offset_bytes, nbytes))
+        offset_bytes += -(-max(nbytes, 1) // align_bytes) * align_bytes
+    return tuple(layout)
+
+
+def region_bytes(layout: Sequence[RowSlot]) -> int:
+    """The bytes an output region of ``layout`` takes."""
+    return max((row.offset_bytes + row.nbytes for row in layout), default=0)
+
+
+def region_rows(
+    region: np.ndarray, layout: Sequence[RowSlot], skip: Mapping[str, object]
+) -> dict[str, np.ndarray]:
+    """Read-only views of the rows in ``region`` (a uint8 array), but those named in ``skip``
+    (outputs that came back as bytes)."""
+    rows: dict[str, np.ndarray] = {}
+    for row in layout:
+        if row.name in skip:
+            continue
+        raw = region[row.offset_bytes : row.offset_bytes + row.nbytes]
+        view = raw.view(row.dtype).reshape(row.shape)
+        view.flags.writeable = False
+        rows[row.name] = view
+    return rows
+
+
+def input_refs(
+    inputs: Mapping[str, np.ndarray],
+    slot: Slot | None,
+    specs: Sequence[TensorSpec],
+    offset_of: Callable[[np.ndarray], int | None],
+) -> list[int] | None:
+    """``offset, nbytes`` of each input row in the arena, model order; None unless every row
+    is in a live slot with the model's row size."""
+    if slot is None or slot.freed:
+        return None
+    refs: list[int] = []
+    for spec in specs:
+        array = inputs.get(spec.name)
+        offset = offset_of(array) if array is not None else None
+        if offset is None or array is None or array.nbytes != row_bytes(spec):
+            return None
+        refs += (offset, array.nbytes)
+    return refs
+
+
+def output_refs(
+    slots: Sequence[Slot | None], live: Sequence[bool], layout: Sequence[RowSlot]
+) -> list[int]:
+    """Where each row's outputs go (``0, 0`` for a gone request's row); [] when there is no
+    layout or a live request could not have an output region (outputs then come as bytes)."""
+    if not layout:
+        return []
+    nbytes = region_bytes(layout)
+    refs: list[int] = []
+    for slot, alive in zip(slots, live, strict=True):
+        region = slot.attach_outputs(nbytes) if alive and slot is not None else None
+        if alive and region is None:
+            return []
+        for row in layout:
+            refs += (region.offset + row.offset_bytes, row.nbytes) if region else (0, 0)
+    return refs

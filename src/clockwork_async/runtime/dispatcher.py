@@ -5,8 +5,9 @@ into an owner.
 
 One idea: the request path between the API and the executor links. Events in: `submit`,
 `cancel`, `flush` (callers), `executor_joined` / `executor_left` (the executor pool), `add_model`
-/ `remove_model` (registration), action results (from links, for the actions it sent), ticks
-(its own timer), `drain` / `close`. Out: actions on links, ``on_reply`` calls and listeners.
+/ `remove_model` and `reserve` / `release` (registration), action results (from links, for the
+actions it sent), ticks (its own timer), `drain` / `close`. Out: actions on links, ``on_reply``
+calls and listeners.
 
 Invariants:
 - The core is entered through ``Controller.handle`` alone, one event at a time, in the order
@@ -56,11 +57,14 @@ from clockwork_async.core.events import (
     Event,
     ExecutorJoined,
     ExecutorLeft,
+    LaneReserved,
     ModelRegistered,
     ModelUnregistered,
+    ReleaseLane,
     Reply,
     RequestArrived,
     RequestCancelled,
+    ReserveLane,
     Shutdown,
     StartInfer,
     StartLoad,
@@ -69,6 +73,7 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.logs import request_extra
 from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
 from clockwork_async.runtime.config import RuntimeConfig
@@ -121,6 +126,7 @@ class JoinedExecutor:
     info: ExecutorInfo
     pages_free: int
     loaded: set[str] = field(default_factory=set)
+    shares_arena: bool = False  # it maps the daemon's IO arena: rows go by reference
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +177,18 @@ class Dispatcher:
         self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
+        self._reservation_ids = itertools.count(1)
+        self._reserved: dict[tuple[str, int], LaneReserved] = {}  # answers, until taken
         self.outcome_listeners: list[OutcomeListener] = []
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
+        self._arena: IoArena | None = None
         self._feed(self._hops.initial())
+
+    def use_arena(self, arena: IoArena | None) -> None:
+        """Requests' tensors that are in ``arena`` go to the executors that map it as slot
+        references, and their outputs come back into it (before any executor joins)."""
+        self._arena = arena
 
     # --- requests in ---------------------------------------------------------------------------
 
@@ -186,11 +200,12 @@ class Dispatcher:
         slo_ns: int | None,
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
+        slot: Slot | None = None,
     ) -> int:
         """Accept a request that arrived now, due ``slo_ns`` from now, at ``deadline_unix_ns``
         (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
         deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns())
-        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply)
+        return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply, slot=slot)
 
     def _deadline_ns(
         self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
@@ -208,15 +223,20 @@ class Dispatcher:
         *,
         deadline_ns: int,
         on_reply: Callable[[InferOutcome], None],
+        slot: Slot | None = None,
     ) -> int:
         """Accept a request (one row per input) due by ``deadline_ns`` (monotonic clock).
 
         Returns its id. ``on_reply`` is called exactly once, possibly before this returns. The
-        inputs must not be changed until then (they may go out without a copy).
+        inputs must not be changed until then (they may go out without a copy). ``slot``: the
+        IO arena slot the inputs are in; the caller releases it after ``on_reply``, and
+        actions that use it pin it meanwhile.
         """
         request_id = next(self._request_ids)
         now_ns = self._now_ns()
-        request = PendingRequest(request_id, model, inputs, on_reply, now_ns, deadline_ns)
+        request = PendingRequest(
+            request_id, model, inputs, on_reply, now_ns, deadline_ns, slot=slot
+        )
         self._book.add_request(request)
         nbytes = tensor_bytes(inputs)
         refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
@@ -299,7 +319,9 @@ class Dispatcher:
         """``link`` is up and reconciled; ``loaded``: models resident there."""
         info = link.info
         resident = tuple(sorted(set(loaded) & self._models.keys()))
-        self._executors[executor_id] = JoinedExecutor(link, info, info.pages_free, set(resident))
+        joined = JoinedExecutor(link, info, info.pages_free, set(resident))
+        joined.shares_arena = self._arena is not None and info.io_arena == self._arena.token
+        self._executors[executor_id] = joined
         self._feed(
             ExecutorJoined(executor_id, info.kind, info.pages_total, info.page_bytes, resident)
         )
@@ -337,6 +359,23 @@ class Dispatcher:
             self._idle_models.pop(name, None)
         for joined in self._executors.values():
             joined.loaded.discard(name)
+
+    def reserve(
+        self, executor_id: str, lane: str, duration_ns: int, pages: int = 0
+    ) -> LaneReserved:
+        """Hold an executor's lane (and pages) for an action the core does not plan, from a
+        task of its own (core/reservations.py); returns the core's `LaneReserved`. Each is
+        ended by one `release`."""
+        if self._handling:  # its answer would come after this returns: a lane never released
+            raise RuntimeError("Dispatcher.reserve called while an event is being handled")
+        reservation_id = next(self._reservation_ids)
+        self._feed(ReserveLane(executor_id, reservation_id, lane, duration_ns, pages))
+        refused = LaneReserved(executor_id, reservation_id, 0, 0, "the controller refused it")
+        return self._reserved.pop((executor_id, reservation_id), refused)
+
+    def release(self, executor_id: str, reservation_id: int, end_ns: int = 0) -> None:
+        """End a reservation: the reserved action ended at ``end_ns`` (0: now)."""
+        self._feed(ReleaseLane(executor_id, reservation_id, end_ns))
 
     # --- the core --------------------------------------------------------------------------------
 
@@ -401,6 +440,8 @@ class Dispatcher:
             self._start_weights(command, now_ns)
         elif isinstance(command, WakeAt):
             self._timer.arm(command.time_ns)
+        elif isinstance(command, LaneReserved):
+            self._reserved[command.executor_id, command.reservation_id] = command
         else:
             log.error("unknown command %r", command)
         return 0
@@ -418,7 +459,10 @@ class Dispatcher:
             return
         link = joined.link
         action = ActionRecord.infer(command, now_ns)
-        message = self._book.infer_message(action, model.inputs, link.offset_ns)
+        arena = self._arena if joined.shares_arena else None
+        message = self._book.infer_message(
+            action, model.inputs, link.offset_ns, arena=arena, outputs=model.outputs
+        )
         if message is None:
             self._not_sent(command.executor_id, command.action_id, "its requests are gone")
             return
@@ -576,6 +620,7 @@ class Dispatcher:
             return
         self._enter(DispatcherState.CLOSED)
         self._abandon()
+        self._book.unpin_all()  # every request is answered: their slots may go
         self._timer.cancel()
         self._poll.cancel()
         self._lag.stop()

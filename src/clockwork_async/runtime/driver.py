@@ -12,6 +12,7 @@ runs the core.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,6 @@ from clockwork_async.runtime.dispatcher import (
     ExecutorListener,
     OutcomeListener,
 )
-from clockwork_async.runtime.executor_link import ExecutorLink
 from clockwork_async.runtime.executors import ExecutorPool, ExecutorRecord
 from clockwork_async.runtime.models import (
     RegisteredModel,
@@ -126,33 +126,38 @@ class Driver:
         default_slo_ns: int = 100_000_000,
         profile: RegistrationProfile | None = None,
         inputs: Sequence[TensorSpec] = (),
+        derive_slo: bool = False,
+        on_stage: Callable[[str], None] = lambda stage: None,
     ) -> RegisteredModel:
         """Register ``path`` as model ``name`` on every executor (its inputs at the declared
-        ``inputs`` shapes, if any), profile it where ``profile`` lacks the executors' kinds,
-        then hand it to the dispatcher. Returns the RegisteredModel (its ``profile`` is what
-        to cache). Raises RegistrationError."""
+        ``inputs`` shapes, if any), profile it where ``profile`` lacks the executors' kinds
+        (``on_stage("profiling")`` then), then hand it to the dispatcher. Returns the
+        RegisteredModel (its ``profile`` is what to cache). Raises RegistrationError. However
+        it ends short of that (an error, a cancel), nothing of ``name`` is left on any
+        executor."""
         if name in self.dispatcher.models or name in self._registering:
             raise RegistrationError(f"model {name!r} is already registered")
         source = ModelSource(path, tuple(batch_sizes), tuple(inputs))
         self._registering[name] = source
-        registration = Registration(name, source, group, default_slo_ns, profile)
+        registration = Registration(name, source, group, default_slo_ns, profile, derive_slo)
         try:
             model = await register_everywhere(
                 registration,
                 self._pool.joined_links(),
                 self.runtime.profiler,
-                self._executor_now_ns,
+                self.dispatcher,
+                self._now_ns,
+                on_stage,
             )
         except BaseException:
-            await drop_everywhere(name, self._pool.joined_links())
+            # A RegisterModel may still be on its way (cancelled while waiting): unregister on
+            # every link, after it in the executor's register lane.
+            await asyncio.shield(drop_everywhere(name, self._pool.joined_links(), anyway=True))
             raise
         finally:
             del self._registering[name]
         self.dispatcher.add_model(model)
         return model
-
-    def _executor_now_ns(self, link: ExecutorLink) -> int:
-        return link.clock.to_executor_ns(self._now_ns())
 
     async def unregister_model(self, name: str) -> None:
         """Stop serving ``name``: queued requests are answered ``unknown_model`` by the core,

@@ -218,14 +218,17 @@ class ExecutorLink:
         """An action id for the driver's own calls, apart from the core's ids."""
         return next(self._call_ids)
 
-    async def call(self, message: Message, action_id: int) -> Message:
+    async def call(
+        self, message: Message, action_id: int, timeout_s: float | None = None
+    ) -> Message:
         """Send an action and wait for its reply. Raises LinkDown, or TimeoutError after
-        ``call_timeout_s``."""
+        ``timeout_s`` (profiling: what its prediction allows), else ``call_timeout_s``."""
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._calls[action_id] = future
         try:
             self.send_action(message, action_id, future.set_result)
-            return await asyncio.wait_for(future, self.config.call_timeout_s)
+            wait_s = self.config.call_timeout_s if timeout_s is None else timeout_s
+            return await asyncio.wait_for(future, wait_s)
         finally:
             self._calls.pop(action_id, None)
             self._pending.pop(action_id, None)

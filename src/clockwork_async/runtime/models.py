@@ -18,6 +18,7 @@ from clockwork_async.core.models import validate_spec
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkError
 from clockwork_async.runtime.profiler import ProfilerConfig, RegistrationProfile
 from clockwork_async.runtime.registration import (
+    LaneBroker,
     ModelSource,
     RegistrationError,
     profile_model,
@@ -27,6 +28,10 @@ from clockwork_async.runtime.registration import (
 from clockwork_async.wire.messages import ModelInfo, TensorSpec
 
 log = logging.getLogger(__name__)
+
+MS_NS = 1_000_000
+DEFAULT_SLO_NS = 100 * MS_NS
+SLO_PER_B1 = 5  # a slow model's derived default SLO, in batch-1 execute times
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +74,18 @@ class Registration:
     name: str
     source: ModelSource
     group: str = ""
-    default_slo_ns: int = 100_000_000
+    default_slo_ns: int = DEFAULT_SLO_NS
     cached: RegistrationProfile | None = None
+    derive_slo: bool = False  # raise default_slo_ns for a slow model (`derived_slo_ns`)
 
 
 async def register_everywhere(
     registration: Registration,
     links: Sequence[ExecutorLink],
     profiler: ProfilerConfig,
-    executor_now_ns: Callable[[ExecutorLink], int],
+    broker: LaneBroker,
+    now_ns: Callable[[], int],
+    on_stage: Callable[[str], None] = lambda stage: None,
 ) -> RegisteredModel:
     """Register on every link, profile what the cached profile lacks, validate the spec.
 
@@ -87,19 +95,27 @@ async def register_everywhere(
     name, source = registration.name, registration.source
     if not links:
         raise RegistrationError(f"cannot register {name!r}: no executor is up")
+    wait_s = profiler.max_profile_ns / 1e9  # reading a file has no prediction: the cap
     replies = await asyncio.gather(
-        *(register_on(link, name, source) for link in links), return_exceptions=True
+        *(register_on(link, name, source, wait_s, broker) for link in links),
+        return_exceptions=True,
     )
     for reply in replies:
-        if isinstance(reply, BaseException) and not isinstance(reply, LinkError | TimeoutError):
+        if isinstance(reply, TimeoutError):
+            raise RegistrationError(f"cannot register {name!r}: no answer within {wait_s:.0f} s")
+        if isinstance(reply, BaseException) and not isinstance(reply, LinkError):
             raise reply  # a refusal (RegistrationError) or a bug; a vanished link is not
     infos = [reply for reply in replies if isinstance(reply, ModelInfo)]
     if not infos:
         raise RegistrationError(f"cannot register {name!r}: every executor went away")
     info = infos[0]
     registered = [link for link in links if link.up and name in link.registered]
+    if registration.cached is None or {link.info.kind for link in registered} - set(
+        registration.cached.kinds
+    ):
+        on_stage("profiling")
     profile = await profile_model(
-        name, info, registered, profiler, executor_now_ns, registration.cached
+        name, info, registered, profiler, broker, now_ns, registration.cached, on_stage
     )
     model = _model(registration, info, profile, max(i.pages_needed for i in infos))
     try:
@@ -109,14 +125,28 @@ async def register_everywhere(
     return model
 
 
+def derived_slo_ns(default_slo_ns: int, profile: RegistrationProfile) -> int:
+    """The default SLO of a model whose model.toml sets none: ``default_slo_ns``, or
+    `SLO_PER_B1` times its batch-1 execute time on its slowest kind, rounded up to a
+    millisecond, when that is longer (a model slower than its SLO would refuse every
+    request)."""
+    b1 = profile.batch_sizes[0]
+    slowest_ns = max(kind.execute_ns[b1] for kind in profile.kinds.values())
+    own_ns = -(-SLO_PER_B1 * slowest_ns // MS_NS) * MS_NS
+    return max(default_slo_ns, own_ns)
+
+
 def _model(
     registration: Registration, info: ModelInfo, profile: RegistrationProfile, pages: int
 ) -> RegisteredModel:
+    slo_ns = registration.default_slo_ns
+    if registration.derive_slo:
+        slo_ns = derived_slo_ns(slo_ns, profile)
     return RegisteredModel(
         name=registration.name,
         path=registration.source.path,
         group=registration.group,
-        default_slo_ns=registration.default_slo_ns,
+        default_slo_ns=slo_ns,
         batch_sizes=profile.batch_sizes,
         inputs=info.inputs,
         outputs=info.outputs,
@@ -128,10 +158,13 @@ def _model(
     )
 
 
-async def drop_everywhere(name: str, links: Sequence[ExecutorLink]) -> None:
-    """Unload and unregister ``name`` wherever it is registered; failures are logged."""
+async def drop_everywhere(
+    name: str, links: Sequence[ExecutorLink], *, anyway: bool = False
+) -> None:
+    """Unload and unregister ``name`` wherever it is registered (``anyway``: on every link,
+    for a registration that may not have answered); failures are logged."""
     for link in links:
-        if name in link.registered:
+        if anyway or name in link.registered:
             try:
                 await unregister_on(link, name)
             except (RegistrationError, LinkError, TimeoutError) as error:

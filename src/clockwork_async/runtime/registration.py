@@ -1,4 +1,6 @@
-"""Model registration on executor links: register, unregister, reconcile on (re)join, profile.
+"""Model registration on executor links: register, unregister, reconcile on (re)join, profile
+(each profiling LOAD and INFER on a lane the core reserved for it, and the LOAD's pages held in
+the core from the first LOAD to the last UNLOAD: `LaneBroker`).
 
 Every call on a link goes through ``link.lock``, and ``link.registered`` records what is
 registered there (name -> the ModelInfo it answered, or None when found already registered),
@@ -7,12 +9,17 @@ so the join path and a registration running at the same time never register a mo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from clockwork_async.runtime.executor_link import ExecutorLink
+from clockwork_async.core.events import LaneReserved, ModelProfile
+from clockwork_async.runtime.executor_link import ExecutorLink, LinkError
 from clockwork_async.runtime.profiler import (
+    Build,
     ProfilerConfig,
     ProfilingError,
     ProfilingTarget,
@@ -34,6 +41,8 @@ from clockwork_async.wire.messages import (
 
 log = logging.getLogger(__name__)
 
+REGISTER_HOLD_NS = 50_000_000  # a RegisterModel's first guess: extended until it answers
+
 _GONE = frozenset({ErrorCode.NOT_LOADED.value, ErrorCode.UNKNOWN_MODEL.value})
 
 
@@ -50,21 +59,36 @@ class ModelSource:
     inputs: tuple[TensorSpec, ...] = ()  # declared shapes (model.toml); empty: the file's
 
 
-async def call(link: ExecutorLink, make: Callable[[int], Message]) -> Message:
-    """Send ``make(action_id)`` on ``link`` and return its reply. Raises LinkDown, TimeoutError."""
+async def call(
+    link: ExecutorLink, make: Callable[[int], Message], timeout_s: float | None = None
+) -> Message:
+    """Send ``make(action_id)`` on ``link`` and return its reply. Raises LinkDown, TimeoutError
+    (after ``timeout_s``, else the link's call timeout)."""
     action_id = link.next_call_id()
-    return await link.call(make(action_id), action_id)
+    return await link.call(make(action_id), action_id, timeout_s)
 
 
-async def register_on(link: ExecutorLink, name: str, source: ModelSource) -> ModelInfo | None:
-    """Register ``name`` on ``link`` unless it is already. Returns the executor's ModelInfo
-    (None if it was registered before). Raises RegistrationError, LinkDown, TimeoutError."""
+async def register_on(
+    link: ExecutorLink,
+    name: str,
+    source: ModelSource,
+    timeout_s: float | None = None,
+    broker: LaneBroker | None = None,
+) -> ModelInfo | None:
+    """Register ``name`` on ``link`` unless it is already, its execute lane held by
+    ``broker`` meanwhile (a backend may run the model while registering it: ONNX Runtime's
+    prepacking choice, docs/architecture.md). Returns the executor's ModelInfo (None if it
+    was registered before). Raises RegistrationError, LinkDown, TimeoutError (no answer
+    within ``timeout_s``: the profiling cap, as reading a file has no prediction)."""
     async with link.lock:
         if name in link.registered:
             return link.registered[name]
-        reply = await call(
-            link, lambda i: RegisterModel(i, name, source.path, source.batch_sizes, source.inputs)
-        )
+
+        def message(action_id: int) -> RegisterModel:
+            return RegisterModel(action_id, name, source.path, source.batch_sizes, source.inputs)
+
+        with _held(broker, link.executor_id, "execute", REGISTER_HOLD_NS):
+            reply = await call(link, message, timeout_s)
         if isinstance(reply, ModelInfo):
             link.registered[name] = reply
             return reply
@@ -112,7 +136,30 @@ async def reconcile(link: ExecutorLink, known: Mapping[str, ModelSource]) -> tup
     return tuple(name for name in state.loaded if name in link.registered)
 
 
+@contextlib.contextmanager
+def _held(broker: LaneBroker | None, executor_id: str, lane: str, hold_ns: int) -> Iterator[None]:
+    """Hold ``lane`` of an executor while the block runs (the core extends the hold past
+    ``hold_ns`` until it is released); no hold without a broker or when refused."""
+    reserved = broker.reserve(executor_id, lane, hold_ns) if broker is not None else None
+    try:
+        yield
+    finally:
+        if broker is not None and reserved is not None and not reserved.refused:
+            broker.release(executor_id, reserved.reservation_id)
+
+
 # --- profiling --------------------------------------------------------------------------------
+
+
+class LaneBroker(Protocol):
+    """Where lanes are reserved for profiling actions: the dispatcher, in front of the core
+    (`ReserveLane`, core/reservations.py)."""
+
+    def reserve(
+        self, executor_id: str, lane: str, duration_ns: int, pages: int = 0
+    ) -> LaneReserved: ...
+
+    def release(self, executor_id: str, reservation_id: int, end_ns: int = 0) -> None: ...
 
 
 async def profile_model(
@@ -120,10 +167,13 @@ async def profile_model(
     info: ModelInfo,
     links: Sequence[ExecutorLink],
     config: ProfilerConfig,
-    executor_now_ns: Callable[[ExecutorLink], int],
+    broker: LaneBroker,
+    now_ns: Callable[[], int],
     cached: RegistrationProfile | None = None,
+    progress: Callable[[str], None] = lambda what: None,
 ) -> RegistrationProfile:
-    """Measure ``name`` on one executor of every kind among ``links`` that ``cached`` lacks.
+    """Measure ``name`` on one executor of every kind among ``links`` that ``cached`` lacks,
+    each action on a lane ``broker`` reserved for it, telling ``progress`` what runs.
 
     Returns the merged profile. Raises RegistrationError if a kind could not be profiled.
     """
@@ -134,7 +184,9 @@ async def profile_model(
     for kind, candidates in sorted(by_kind.items()):
         if profile is not None and kind in profile.kinds:
             continue
-        measured = await _profile_kind(name, info, kind, candidates, config, executor_now_ns)
+        measured = await _profile_kind(
+            name, info, kind, candidates, config, Profiling(broker, now_ns, progress)
+        )
         profile = measured if profile is None else profile.merged(measured)
     if profile is None:
         raise RegistrationError(f"no executor to profile {name!r} on")
@@ -149,11 +201,57 @@ async def profile_model(
     return RegistrationProfile(offered, profile.kinds)
 
 
-def _target(link: ExecutorLink, executor_now_ns: Callable[[ExecutorLink], int]) -> ProfilingTarget:
-    async def act(message: Message) -> Message:
-        return await link.call(message, getattr(message, "action_id"))  # noqa: B009
+@dataclass(frozen=True, slots=True)
+class Profiling:
+    """What profiling runs with: the lanes' broker, the controller's clock, a progress hook."""
 
-    return ProfilingTarget(act, link.next_call_id, lambda: executor_now_ns(link))
+    broker: LaneBroker
+    now_ns: Callable[[], int]
+    progress: Callable[[str], None]
+
+
+def _target(link: ExecutorLink, profiling: Profiling) -> ProfilingTarget:
+    broker, now_ns = profiling.broker, profiling.now_ns
+
+    async def run(lane: str, reserve_ns: int, wait_ns: int, build: Build) -> Message:
+        wait_s = wait_ns / 1e9
+        if not lane:  # an UNLOAD: no lane of the core's to hold
+            message = build(0, 0)
+            return await link.call(message, _action_id(message), timeout_s=wait_s)
+        reserved = broker.reserve(link.executor_id, lane, reserve_ns)
+        if reserved.refused:
+            raise ProfilingError(f"no {lane} lane reserved: {reserved.refused}")
+        end_ns = 0
+        try:
+            message = build(
+                link.clock.to_executor_ns(now_ns()), link.clock.to_executor_ns(reserved.start_ns)
+            )
+            try:
+                reply = await link.call(message, _action_id(message), timeout_s=wait_s)
+            except TimeoutError:
+                raise ProfilingError(
+                    f"no reply from {link.executor_id} within {wait_s:.1f} s "
+                    f"({lane} lane reserved for {reserve_ns / 1e6:.0f} ms)"
+                ) from None
+            if isinstance(reply, ActionResult) and reply.end_ns:
+                end_ns = link.clock.to_controller_ns(reply.end_ns)
+            return reply
+        except asyncio.CancelledError:
+            # Cut short (a cancel, a stop): the action may still run there; the lane stays
+            # held until its predicted end at least.
+            end_ns = max(reserved.end_ns, now_ns())
+            raise
+        finally:
+            broker.release(link.executor_id, reserved.reservation_id, end_ns)
+
+    def progress(what: str) -> None:
+        profiling.progress(f"{what} on {link.executor_id}")
+
+    return ProfilingTarget(run, link.next_call_id, now_ns, progress)
+
+
+def _action_id(message: Message) -> int:
+    return int(getattr(message, "action_id"))  # noqa: B009
 
 
 async def _profile_kind(
@@ -162,19 +260,35 @@ async def _profile_kind(
     kind: str,
     candidates: Sequence[ExecutorLink],
     config: ProfilerConfig,
-    executor_now_ns: Callable[[ExecutorLink], int],
+    profiling: Profiling,
 ) -> RegistrationProfile:
     errors = []
     for link in candidates:
-        target = _target(link, executor_now_ns)
         try:
-            async with link.lock:
-                model_profile, sizes = await measure(
-                    target, name, info.inputs, info.batch_sizes, config
-                )
-        except ProfilingError as error:
+            model_profile, sizes = await _measure_on(name, info, link, config, profiling)
+        except (ProfilingError, LinkError) as error:
             errors.append(f"{link.executor_id}: {error}")
             continue
         log.info("profiled %r on %s (%s): %s", name, link.executor_id, kind, model_profile)
         return RegistrationProfile(sizes, {kind: model_profile})
     raise RegistrationError(f"cannot profile {name!r} on kind {kind!r}: {'; '.join(errors)}")
+
+
+async def _measure_on(
+    name: str,
+    info: ModelInfo,
+    link: ExecutorLink,
+    config: ProfilerConfig,
+    profiling: Profiling,
+) -> tuple[ModelProfile, tuple[int, ...]]:
+    """`measure` on one executor, its LOAD's pages held in the core meanwhile. Raises
+    ProfilingError."""
+    broker = profiling.broker
+    pages = broker.reserve(link.executor_id, "", 0, info.pages_needed)
+    if pages.refused:
+        raise ProfilingError(f"no pages for its LOAD: {pages.refused}")
+    try:
+        target = _target(link, profiling)
+        return await measure(target, name, info.inputs, info.batch_sizes, config)
+    finally:
+        broker.release(link.executor_id, pages.reservation_id)

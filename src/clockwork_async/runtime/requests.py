@@ -4,14 +4,15 @@ prediction errors of the INFERs it saw finish.
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
 has been handled or its executor left; ``actions_of``/``actions_for_model`` index exactly the
-actions in the book.
+actions in the book. An INFER sent by reference pins its requests' IO arena slots until it
+leaves the book (`finish_action`): no slot an executor may use is freed under it.
 """
 
 from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -19,7 +20,17 @@ from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.events import ActionFinished, Reply, StartInfer, StartLoad, StartUnload
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.core.percentile import percentile
-from clockwork_async.runtime.batching import assemble_batch, output_rows, zero_batch
+from clockwork_async.ioarena.shared import IoArena, Slot
+from clockwork_async.runtime.batching import (
+    RowSlot,
+    assemble_batch,
+    input_refs,
+    output_layout,
+    output_refs,
+    output_rows,
+    region_rows,
+    zero_batch,
+)
 from clockwork_async.runtime.snapshot import PredictionErrorStats
 from clockwork_async.wire.messages import ActionResult, Infer, Load, TensorSpec, Unload
 
@@ -35,6 +46,7 @@ class PendingRequest:
     arrival_ns: int
     deadline_ns: int
     sent_ns: int = 0  # when the last INFER carrying it went out
+    slot: Slot | None = None  # the IO arena slot its inputs are in (its caller releases it)
 
 
 @dataclass(slots=True)
@@ -54,6 +66,8 @@ class ActionRecord:
     result: ActionResult | None = None
     received_ns: int = 0  # when its result reached the controller
     offset_ns: int = 0  # the executor's clock minus ours, when the result came
+    slots: tuple[Slot, ...] = ()  # IO arena slots pinned while it is out (sent by reference)
+    outputs_in: tuple[RowSlot, ...] = ()  # how its requests' outputs lie in their slots
 
     @classmethod
     def infer(cls, command: StartInfer, now_ns: int) -> ActionRecord:
@@ -169,14 +183,25 @@ class RequestBook:
         return self._actions.get(action_id)
 
     def finish_action(self, action_id: int) -> ActionRecord | None:
-        """Forget an action; returns it (None if it was not in the book)."""
+        """Forget an action and unpin its slots; returns it (None if it was not in the book)."""
         action = self._actions.pop(action_id, None)
         if action is not None:
+            slots, action.slots = action.slots, ()
+            for slot in slots:
+                slot.unpin()
             self._by_executor[action.executor_id].pop(action_id, None)
             self._by_model[action.model] -= 1
             if not self._by_model[action.model]:
                 del self._by_model[action.model]
         return action
+
+    def unpin_all(self) -> None:
+        """Let go of every action's slots (the dispatcher closed: no result will be read and
+        nothing is leased any more)."""
+        for action in self._actions.values():
+            slots, action.slots = action.slots, ()
+            for slot in slots:
+                slot.unpin()
 
     def actions_of(self, executor_id: str) -> list[ActionRecord]:
         return list(self._by_executor.get(executor_id, {}).values())
@@ -187,14 +212,21 @@ class RequestBook:
     # Messages and outcomes.
 
     def infer_message(
-        self, action: ActionRecord, specs: Sequence[TensorSpec], offset_ns: int
+        self,
+        action: ActionRecord,
+        specs: Sequence[TensorSpec],
+        offset_ns: int,
+        *,
+        arena: IoArena | None = None,
+        outputs: Sequence[TensorSpec] = (),
     ) -> Infer | None:
         """The Infer for ``action``: its requests' rows in order, padded to its batch size
-        (a request gone meanwhile keeps its row filled by another); zeros for a warm-up (no
-        requests, core/warm_up.py). None if all its requests are gone."""
+        (a gone request's row filled by another), by reference into ``arena`` if it can
+        (`_by_reference`); zeros for a warm-up (core/warm_up.py). None if all are gone."""
         if not action.request_ids:
             return self._infer(action, zero_batch(specs, action.batch_size), offset_ns)
         rows: list[Mapping[str, np.ndarray] | None] = []
+        live: list[PendingRequest | None] = []
         filler: Mapping[str, np.ndarray] | None = None
         for request_id in action.request_ids:
             request = self._requests.get(request_id)
@@ -202,8 +234,13 @@ class RequestBook:
                 request.sent_ns = action.sent_ns
                 filler = request.inputs if filler is None else filler
             rows.append(request.inputs if request is not None else None)
+            live.append(request)
         if filler is None:
             return None
+        if arena is not None:
+            message = _by_reference(action, live, specs, outputs, arena, offset_ns)
+            if message is not None:
+                return message
         batch = assemble_batch(
             specs, [row if row is not None else filler for row in rows], action.batch_size
         )
@@ -232,6 +269,9 @@ class RequestBook:
             if outcome in _WITH_OUTPUTS and result.ok:
                 index = action.request_ids.index(request.request_id)
                 outputs = output_rows(result.outputs, index, action.batch_size)
+                region = request.slot.outputs if request.slot is not None else None
+                if action.outputs_in and region is not None:  # the rest are in its slot
+                    outputs.update(region_rows(region.array, action.outputs_in, outputs))
         if outcome in _WITH_OUTPUTS and (result is None or not result.ok):
             outcome, message = Outcome.FAILED, "internal error: the result of its batch is missing"
         executor_id = reply.executor_id or (action.executor_id if action is not None else None)
@@ -247,6 +287,35 @@ class RequestBook:
         return InferOutcome(
             request.request_id, outcome, message, {}, _timing(request, now_ns), None, 0
         )
+
+
+def _by_reference(
+    action: ActionRecord,
+    live: Sequence[PendingRequest | None],
+    specs: Sequence[TensorSpec],
+    output_specs: Sequence[TensorSpec],
+    arena: IoArena,
+    offset_ns: int,
+) -> Infer | None:
+    """The Infer of ``action`` by reference (`Infer.arena_inputs`), pinning its requests'
+    slots; None when a live request's rows are not all in the arena (it goes as bytes). A
+    gone request's row repeats the first live one's; its outputs are dropped."""
+    requests = [r for r in live if r is not None]
+    refs = [input_refs(r.inputs, r.slot, specs, arena.offset_of) for r in requests]
+    by_id = {r.request_id: row for r, row in zip(requests, refs, strict=True) if row is not None}
+    if len(by_id) < len(requests):
+        return None
+    filler = by_id[requests[0].request_id]
+    arena_inputs = [i for r in live for i in (by_id[r.request_id] if r else filler)]
+    layout = output_layout(tuple(output_specs)) or ()
+    slots = [r.slot if r is not None else None for r in live]
+    arena_outputs = output_refs(slots, [r is not None for r in live], layout)
+    action.slots = tuple(r.slot for r in requests if r.slot is not None)
+    for slot in action.slots:
+        slot.pin()
+    action.outputs_in = layout if arena_outputs else ()
+    by_bytes = RequestBook._infer(action, {}, offset_ns)
+    return replace(by_bytes, arena_inputs=tuple(arena_inputs), arena_outputs=tuple(arena_outputs))
 
 
 def _timing(request: PendingRequest, now_ns: int) -> dict[str, int]:

@@ -123,6 +123,7 @@ class SupervisorConfig:
     run_dir: Path | None = None  # where the sockets go; None: a fresh temporary folder
     python: str = sys.executable
     log_level: str = "WARNING"  # the executors' stderr logging
+    io_arena_fd: int | None = None  # the IO arena's memfd, inherited by every executor
 
 
 class ChildState(StrEnum):
@@ -263,12 +264,19 @@ class Supervisor:
         env = {**os.environ, TOKEN_ENV: child.spec.token, PARENT_PID_ENV: str(os.getpid())}
         argv = child.spec.argv(child.listen, self.config.python)
         argv += ["--log-level", self.config.log_level]
+        # The IO arena goes by inheritance at spawn, never by name: only processes started
+        # here get it, at the same number (the fd is close-on-exec everywhere else).
+        arena_fd = self.config.io_arena_fd
+        pass_fds = () if arena_fd is None else (arena_fd,)
+        if arena_fd is not None:
+            argv += ["--io-arena-fd", str(arena_fd)]
         creating = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
                 *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 env=env,
+                pass_fds=pass_fds,
                 start_new_session=True,  # a terminal's ^C reaches the daemon, which stops these
             )
         )

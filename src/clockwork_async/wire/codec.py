@@ -17,6 +17,9 @@ Invariants:
 - A `Screen` sees each frame's header before its tail: a frame it refuses keeps none of its
   tail's bytes (they are read into a scratch buffer and dropped) and comes out as `Screened`
   (its class, its non-tensor fields and the screen's reason) in its place, in order.
+- A `Lend` hook, asked right after a frame's screen passed it, may hand the buffer its tail
+  is read into (a slot of the daemon's IO arena): the tensors are then views of that memory,
+  and whoever lent it owns it. Otherwise the tail gets a fresh buffer of its own.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ __all__ = [
     "DecoderState",
     "EncodeError",
     "Encoder",
+    "Lend",
     "Limits",
     "ProtocolError",
     "Screen",
@@ -79,6 +83,8 @@ _DISCARD_BYTES = 256 * 1024  # where a screened-out tail is read, in few system 
 
 # (message class, its non-tensor fields, tail bytes) -> None to decode it, or why not
 Screen = Callable[[type[Any], Mapping[str, Any], int], "str | None"]
+# (tail bytes) -> a uint8 buffer of exactly that many bytes to read the tail into, or None
+Lend = Callable[[int], "np.ndarray | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +243,7 @@ class Decoder:
     ) -> None:
         self._limits = limits
         self.screen = screen  # may be set later (a server's session, after the hello)
+        self.lend: Lend | None = None  # where a screened-in tail is read (`Lend`)
         self._unpack_options = limits.unpack_options()
         self._hello_pending = expect_hello
         self._state = DecoderState.PREFIX
@@ -422,13 +429,21 @@ class Decoder:
             frame.screened = self.screen(frame.cls, frame.kwargs, self._tail_len)
         if self._tail_len:
             if frame.screened is None:  # not zeroed: every byte is received
-                self._tail = np.empty(self._tail_len, np.uint8)
+                lent = self._lent_tail()
+                self._tail = np.empty(self._tail_len, np.uint8) if lent is None else lent
                 self._tail_view = self._tail.data
             self._tail_filled = 0
             self._enter(DecoderState.TAIL)
         else:
             self._enter(DecoderState.TAIL)
             self._finish_frame()
+
+    def _lent_tail(self) -> np.ndarray | None:
+        """The buffer `lend` hands for this tail, if it is one of exactly its size."""
+        lent = self.lend(self._tail_len) if self.lend is not None else None
+        if lent is None or lent.shape != (self._tail_len,) or lent.dtype != np.uint8:
+            return None
+        return lent
 
     def _unpack(self, header_bytes: bytes | memoryview) -> Any:
         try:

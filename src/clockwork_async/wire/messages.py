@@ -101,6 +101,7 @@ class ExecutorInfo:
     pages_total: int
     pages_free: int
     clock_ns: int  # executor monotonic_ns when this was sent
+    io_arena: str = added_field("")  # the token of the daemon's IO arena it maps ("": none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,15 @@ class Load:
 @dataclass(frozen=True, slots=True)
 class Infer:
     """Run a loaded model on a batch; run in the execute lane. Every input whose axis 0 is
-    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole."""
+    dynamic has ``batch_size`` rows; any other (a scalar, a fixed shape) comes whole.
+
+    To an executor that maps the daemon's IO arena (`ExecutorInfo.io_arena`) the rows travel
+    as slot references instead of bytes: ``inputs`` is empty and ``arena_inputs`` holds, for
+    each row in order and each input in the model's order (its `ModelInfo.inputs`), the pair
+    ``offset, nbytes`` of that row's bytes in the arena (rows past the last up to
+    ``batch_size`` repeat the last). ``arena_outputs``, when set, says where each row's
+    outputs go the same way (outputs in `ModelInfo.outputs` order; ``nbytes`` 0: drop that
+    row's); an output written there is left out of the result's ``outputs``."""
 
     TAG: ClassVar[str] = "infer"
     action_id: int
@@ -178,6 +187,8 @@ class Infer:
     inputs: Mapping[str, np.ndarray]
     earliest_ns: int
     latest_ns: int
+    arena_inputs: tuple[int, ...] = added_field(())
+    arena_outputs: tuple[int, ...] = added_field(())
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +302,7 @@ class ModelStatus:
     inputs: tuple[TensorSpec, ...] = ()
     outputs: tuple[TensorSpec, ...] = ()
     version: int = added_field(0)  # 1, then one more at each replace (0: not told)
+    reason: str = added_field("")  # registering/profiling: progress; failed/cancelled: why
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +366,17 @@ class AddModel:
     files: Mapping[str, np.ndarray]
     model_toml: str | None = None
     replace: bool = added_field(False)  # take the name from the model serving under it
+    wait: bool = added_field(True)  # answer once registered; false: once its job started
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRegistration:
+    """Cancel the registration of ``name`` that is running; answered by `ModelsReply` once
+    nothing of it is left (its job, ``cancelled``), or ``unknown_model`` when none runs."""
+
+    TAG: ClassVar[str] = "cancel_registration"
+    request_id: int
+    name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +452,7 @@ Message = (
     | ListModels
     | AddModel
     | RemoveModel
+    | CancelRegistration
     | ModelsReply
     | GetStats
     | StatsReply
@@ -443,6 +467,7 @@ CLIENT_REQUESTS = (
     ListModels,
     AddModel,
     RemoveModel,
+    CancelRegistration,
     GetStats,
     GetHealth,
 )
