@@ -1,7 +1,7 @@
 """The daemon's CPU per request by front end: msgpack, HTTP and gRPC (the Open Inference
 Protocol), same daemon, same model, `benchmarks.overhead`'s near-zero executor.
 
-    python -m benchmarks.overhead_v2 [--quick] [--in-flight N] [--json OUT]
+    python -m benchmarks.overhead_v2 [--quick] [--in-flight N] [--before PYTHON] [--json OUT]
 
 One daemon serves all three front ends; each is driven by its own client from this process
 (msgpack: `clockwork_async.client.AsyncClient`; HTTP: ``tritonclient.http.aio``, JSON tensors
@@ -18,6 +18,11 @@ with N in flight. Measured per front end:
   ``time.process_time`` over the block): clients differ and share the CPUs, so these are
   context, not the comparison.
 
+With ``--before PYTHON`` a second daemon, run by another install's interpreter (the build to
+compare against), is driven the same way in the same blocks: its targets are named
+``NAME-before`` and compared with its own msgpack API, so a before/after ratio comes from one
+run, the machine's load hitting both alike.
+
 Goal (issue 32): the standard front ends add at most 50% to the daemon's CPU per request over
 the msgpack API's.
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import tempfile
 import time
@@ -83,6 +89,7 @@ class Target:
     name: str
     infer: Infer
     close: Callable[[], Awaitable[None]]
+    pid: int  # the daemon it drives
     samples: Samples = field(default_factory=Samples)
 
 
@@ -97,7 +104,7 @@ def process_cpu_ns(pid: int) -> int:
     return total
 
 
-async def targets_of(daemon: DaemonProcess) -> list[Target]:
+async def targets_of(daemon: DaemonProcess, suffix: str = "") -> list[Target]:
     msgpack = await AsyncClient.connect(daemon.api)
 
     async def msgpack_infer() -> None:
@@ -125,15 +132,15 @@ async def targets_of(daemon: DaemonProcess) -> list[Target]:
         return None
 
     return [
-        Target("msgpack", msgpack_infer, msgpack.close),
-        Target("http-json", http_infer(False), nothing),
-        Target("http-binary", http_infer(True), http.close),
-        Target("grpc", grpc_infer, grpc.close),
+        Target(f"msgpack{suffix}", msgpack_infer, msgpack.close, daemon.pid),
+        Target(f"http-json{suffix}", http_infer(False), nothing, daemon.pid),
+        Target(f"http-binary{suffix}", http_infer(True), http.close, daemon.pid),
+        Target(f"grpc{suffix}", grpc_infer, grpc.close, daemon.pid),
     ]
 
 
-async def block(target: Target, pid: int, phase: str, count: int, in_flight: int) -> None:
-    samples = target.samples
+async def block(target: Target, phase: str, count: int, in_flight: int) -> None:
+    samples, pid = target.samples, target.pid
     daemon_before, client_before = process_cpu_ns(pid), time.process_time_ns()
     start_ns = time.perf_counter_ns()
     if phase == "serial":
@@ -157,9 +164,13 @@ async def block(target: Target, pid: int, phase: str, count: int, in_flight: int
     samples.requests[phase] += count
 
 
-async def run(plan: Plan, in_flight: int, folder: Path) -> dict[str, Any]:
-    with start_daemon(folder, busy_poll_us=0) as daemon:
+async def run(plan: Plan, in_flight: int, folder: Path, before: str | None) -> dict[str, Any]:
+    with contextlib.ExitStack() as stack:
+        daemon = stack.enter_context(start_daemon(folder, busy_poll_us=0))
         targets = await targets_of(daemon)
+        if before is not None:
+            other = start_daemon(folder / "before", busy_poll_us=0, python=before)
+            targets += await targets_of(stack.enter_context(other), "-before")
         try:
             for target in targets:
                 for _ in range(plan.warmup):
@@ -171,7 +182,7 @@ async def run(plan: Plan, in_flight: int, folder: Path) -> dict[str, Any]:
                 for index in range(plan.blocks):
                     print(f"  {phase} block {index + 1}/{plan.blocks}", file=sys.stderr)
                     for target in targets:
-                        await block(target, daemon.pid, phase, count, in_flight)
+                        await block(target, phase, count, in_flight)
         finally:
             for target in targets:
                 await target.close()
@@ -189,8 +200,8 @@ def report(targets: list[Target], in_flight: int) -> dict[str, Any]:
             row[f"{phase}_client_cpu_us_per_request"] = round(s.client_cpu_ns[phase] / n / 1e3, 1)
             row[f"{phase}_rps"] = round(n / (s.wall_ns[phase] / 1e9), 1)
         rows[target.name] = row
-    base = rows["msgpack"]
-    for row in rows.values():
+    for name, row in rows.items():
+        base = rows["msgpack-before" if name.endswith("-before") else "msgpack"]
         for phase in ("serial", "concurrent"):
             key = f"{phase}_daemon_cpu_us_per_request"
             row[f"{phase}_daemon_cpu_over_msgpack"] = ratio(row[key], base[key])
@@ -233,6 +244,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="a smoke run (under a minute)")
     parser.add_argument("--in-flight", type=int, default=8, help="concurrent requests")
+    parser.add_argument(
+        "--before",
+        metavar="PYTHON",
+        help="also measure a daemon run by this interpreter (another install), as NAME-before",
+    )
     parser.add_argument("--json", type=Path, help="default: results/overhead_v2.json")
     return parser
 
@@ -243,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     json_path = RESULTS / "overhead_v2.json" if args.json is None else args.json
     machine = machine_description()
     with tempfile.TemporaryDirectory(prefix="clockwork-overhead-v2-") as folder:
-        result = run_uvloop(run(plan, args.in_flight, Path(folder)))
+        result = run_uvloop(run(plan, args.in_flight, Path(folder), args.before))
     result = {"quick": args.quick, "machine": machine, "plan": plan.__dict__, **result}
     result["load_average_after"] = load_average()
     print_report(result)

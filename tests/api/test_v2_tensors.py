@@ -17,7 +17,9 @@ from clockwork_async.api.v2_tensors import (
     TensorError,
     array_from_bytes,
     build_inputs,
+    dtype_of,
     encode_response,
+    json_data,
     parse_request,
     select_outputs,
 )
@@ -218,3 +220,66 @@ def test_every_wire_dtype_has_a_datatype_and_back() -> None:
     assert sorted(DATATYPES.values()) == sorted(WIRE_DTYPES)
     for name in DATATYPES:
         assert datatype_of(dtype_of(name)) == name
+
+
+def _json_values_back(encoded_json: bytes, datatype: str) -> np.ndarray:
+    """What a client does with a JSON ``data`` list: Python numbers, cast to the dtype."""
+    (output,) = json.loads(encoded_json)["outputs"]
+    return np.array(output["data"], dtype=dtype_of(datatype).newbyteorder("="))
+
+
+@pytest.mark.parametrize("datatype", sorted(set(DATATYPES) - {"BOOL"}))
+def test_json_outputs_read_back_bit_for_bit_in_every_datatype(datatype: str) -> None:
+    dtype = dtype_of(datatype).newbyteorder("=")
+    rng = np.random.default_rng(7)
+    if dtype.kind == "f":
+        # both sides of the float32 short-decimal range, its edges, subnormals and extremes
+        scales = np.array([1e-45, 1e-38, 1e-7, 1.9e-4, 2e-4, 1.0, 1e3, 1e18, 1.1e18, 3e38])
+        values = rng.standard_normal(2000) * rng.choice(scales, 2000)
+        with np.errstate(over="ignore"):  # values past the dtype's range become inf: dropped
+            array = values.astype(dtype)
+        array = array[np.isfinite(array)]
+    else:
+        info = np.iinfo(dtype)
+        array = rng.integers(info.min, info.max, 2000, dtype=dtype, endpoint=True)
+    encoded = encode_response({"model_name": "m"}, [("y", array, False)])
+    back = _json_values_back(encoded.json, datatype)
+    assert back.tobytes() == array.tobytes()
+
+
+def test_json_outputs_write_nan_and_infinity_as_the_standard_library_does() -> None:
+    array = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
+    encoded = encode_response({"model_name": "m"}, [("y", array, False)])
+    assert b'"data":[NaN,Infinity,-Infinity,1.5]' in encoded.json
+
+
+def test_json_requests_with_nan_or_huge_integers_parse_as_the_standard_library_reads_them() -> None:
+    spec = {"name": "x", "shape": [2], "datatype": "FP64", "data": [float("nan"), 2**70]}
+    header = parse_request(body(spec))
+    assert header.inputs[0].data[1] == 2**70
+    with pytest.raises(TensorError, match="not valid JSON"):
+        parse_request(b'{"inputs": [}')
+
+
+def test_float32_json_outputs_in_the_short_decimal_range_read_back_bit_for_bit() -> None:
+    bits = np.random.default_rng(11).integers(0, 2**32, 200_000, dtype=np.uint32)
+    values = bits.view(np.float32)
+    magnitude = np.abs(values)
+    array = values[(magnitude >= 2e-4) & (magnitude <= 1e18)]
+    assert array.size > 50_000
+    encoded = encode_response({"model_name": "m"}, [("y", array, False)])
+    assert len(encoded.json) < len(json.dumps(array.tolist()))  # short decimals, not doubles
+    assert _json_values_back(encoded.json, "FP32").tobytes() == array.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("value", "short"),
+    [(0.0, True), (-0.0, True), (2e-4, True), (-5.0, True), (1e18, True), (1.9e-4, False),
+     (1.1e18, False), (1e-45, False), (float("nan"), False), (float("inf"), False),
+     (float("-inf"), False)],
+)  # fmt: skip
+def test_float32_json_data_is_written_short_only_within_its_exact_range(
+    value: float, short: bool
+) -> None:
+    data = json_data(np.array([value, 1.0, 0.0], np.float32))
+    assert data.dtype == (np.float32 if short else np.float64)
