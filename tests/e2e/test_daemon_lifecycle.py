@@ -7,9 +7,12 @@ takes 40 ms), so requests are still running when the signal comes.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -24,22 +27,68 @@ from clockwork_async.core.outcomes import Outcome
 from .harness import DaemonProcess, add_tiny, children, clean_environ, sim_executor, write_config
 
 SLO_MS = 10_000.0
+NOTIFY_TIMEOUT_S = 60.0  # only ends a wait for a datagram that never comes
 
 
 def row(value: float) -> dict[str, np.ndarray]:
     return {"input": np.full((1, 4), value, dtype=np.float32)}
 
 
+class Notifications:
+    """A notify socket read as systemd reads it: at once, by a thread, into a queue. (Unread,
+    the kernel holds only a few datagrams (net.unix.max_dgram_qlen, 10 here); the daemon's
+    pings every 50 ms would fill it, and it drops what does not fit, STOPPING=1 included.)"""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._socket.bind(path)
+        self._socket.settimeout(0.05)
+        self._received: queue.Queue[bytes] = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="notify", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                self._received.put(self._socket.recv(4096))
+
+    def next(self) -> bytes:
+        """The next datagram; raises queue.Empty if none comes in NOTIFY_TIMEOUT_S."""
+        return self._received.get(timeout=NOTIFY_TIMEOUT_S)
+
+    def until_prefix(self, prefix: bytes) -> bytes:
+        """The first datagram that starts with ``prefix`` (others, such as WATCHDOG=1, skipped)."""
+        while not (datagram := self.next()).startswith(prefix):
+            pass
+        return datagram
+
+    def until(self, last: bytes) -> list[bytes]:
+        """Datagrams up to and including ``last``."""
+        datagrams = [self.next()]
+        while datagrams[-1] != last:
+            datagrams.append(self.next())
+        return datagrams
+
+    def close(self) -> list[bytes]:
+        """Stop reading; returns what was received and not taken yet."""
+        self._stopping.set()
+        self._thread.join(10)
+        self._socket.close()
+        left = []
+        while not self._received.empty():
+            left.append(self._received.get_nowait())
+        return left
+
+
 @pytest.fixture
-def notify_socket(tmp_path: Path) -> Iterator[tuple[socket.socket, str]]:
-    path = str(tmp_path / "notify.sock")
-    receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    receiver.bind(path)
-    receiver.settimeout(10.0)
+def notifications(tmp_path: Path) -> Iterator[Notifications]:
+    listener = Notifications(str(tmp_path / "notify.sock"))
     try:
-        yield receiver, path
+        yield listener
     finally:
-        receiver.close()
+        listener.close()
 
 
 def start_slow_daemon(folder: Path, drain_timeout_s: float, env: dict[str, str]) -> DaemonProcess:
@@ -57,81 +106,58 @@ def outcome_of(future: Future[InferResult]) -> str:
 
 
 def test_sigterm_drains_answers_everything_and_exits_0(
-    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+    tmp_path: Path, notifications: Notifications
 ) -> None:
-    receiver, path = notify_socket
-    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})
+    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": notifications.path, "WATCHDOG_USEC": "100000"})
     daemon = start_slow_daemon(tmp_path, drain_timeout_s=0.5, env=env)
     try:
-        startup = _until(receiver, b"WATCHDOG=1")
+        startup = notifications.until(b"WATCHDOG=1")
         assert startup[:2] == [b"STATUS=starting executors", b"STATUS=registering models"]
         assert startup[2].startswith(b"READY=1\nSTATUS=serving 1 models on 1 executors")
         with Client(daemon.api, timeout_s=30.0) as client:
             before = [client.submit("tiny", row(i), slo_ms=SLO_MS) for i in range(300)]
             client.ping()  # every request has reached the daemon
             daemon.signal(signal.SIGTERM)
+            # The signal is handled when the daemon's loop gets to it: wait until it drains.
+            stopping = notifications.until_prefix(b"STOPPING=1")
             after = [client.submit("tiny", row(i), slo_ms=SLO_MS) for i in range(20)]
             statuses = [outcome_of(future) for future in before + after]
         assert daemon.wait() == 0, daemon.log()
     finally:
         daemon.stop()
+    assert stopping.startswith(b"STOPPING=1\nSTATUS=draining "), stopping
     assert set(statuses) <= {Outcome.OK, Outcome.SHUTTING_DOWN}, set(statuses)
-    assert statuses.count(Outcome.OK) >= 1
-    assert statuses.count(Outcome.SHUTTING_DOWN) >= 1
-    datagrams = _received(receiver)
-    assert any(d.startswith(b"STOPPING=1") for d in datagrams), datagrams
+    assert Outcome.SHUTTING_DOWN in statuses[300:]  # sent once it was draining
+    assert statuses.count(Outcome.OK) >= 1, statuses
     assert "daemon stopped" in daemon.log()
 
 
 def test_systemd_status_follows_model_adds_and_removes(
-    tmp_path: Path, notify_socket: tuple[socket.socket, str]
+    tmp_path: Path, notifications: Notifications
 ) -> None:
-    receiver, path = notify_socket
     add_tiny(tmp_path / "models")
     config = write_config(tmp_path, sim_executor())
-    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": path})
+    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": notifications.path})
     daemon = DaemonProcess.start(tmp_path, config, env=env)
     try:
-        ready = _until_prefix(receiver, b"READY=1")
+        ready = notifications.until_prefix(b"READY=1")
         assert ready.startswith(b"READY=1\nSTATUS=serving 1 models on 1 executors (1 up)")
         with Client(daemon.api, timeout_s=30.0) as client:
             client.add_model("second", (tmp_path / "models" / "tiny" / "model.onnx").read_bytes())
-            added = _until_prefix(receiver, b"STATUS=")
+            added = notifications.until_prefix(b"STATUS=")
             assert added.startswith(b"STATUS=serving 2 models on 1 executors"), added
             client.remove_model("second")
-            removed = _until_prefix(receiver, b"STATUS=")
+            removed = notifications.until_prefix(b"STATUS=")
             assert removed.startswith(b"STATUS=serving 1 models on 1 executors"), removed
     finally:
         assert daemon.stop() == 0, daemon.log()
 
 
-def _until_prefix(receiver: socket.socket, prefix: bytes) -> bytes:
-    """The first datagram that starts with ``prefix`` (others, such as WATCHDOG=1, skipped)."""
-    while not (datagram := receiver.recv(4096)).startswith(prefix):
-        pass
-    return datagram
-
-
-def _until(receiver: socket.socket, last: bytes) -> list[bytes]:
-    """Datagrams up to and including ``last``."""
-    datagrams = [receiver.recv(4096)]
-    while datagrams[-1] != last:
-        datagrams.append(receiver.recv(4096))
-    return datagrams
-
-
-def _received(receiver: socket.socket) -> list[bytes]:
-    receiver.settimeout(0.5)
-    datagrams = []
-    while True:
-        try:
-            datagrams.append(receiver.recv(4096))
-        except TimeoutError:
-            return datagrams
-
-
-def test_a_second_signal_stops_at_once_and_leaves_no_executor(tmp_path: Path) -> None:
-    daemon = start_slow_daemon(tmp_path, drain_timeout_s=60.0, env=clean_environ(tmp_path))
+def test_a_second_signal_stops_at_once_and_leaves_no_executor(
+    tmp_path: Path, notifications: Notifications
+) -> None:
+    env = clean_environ(tmp_path, {"NOTIFY_SOCKET": notifications.path})
+    daemon = start_slow_daemon(tmp_path, drain_timeout_s=60.0, env=env)
     executors = children(daemon.pid)
     assert executors
     try:
@@ -139,7 +165,7 @@ def test_a_second_signal_stops_at_once_and_leaves_no_executor(tmp_path: Path) ->
             pending = [client.submit("tiny", row(i), slo_ms=SLO_MS) for i in range(1000)]
             client.ping()
             daemon.signal(signal.SIGTERM)
-            time.sleep(0.2)  # the drain has begun (it would take seconds)
+            notifications.until_prefix(b"STOPPING=1")  # the drain has begun (it takes seconds)
             stopped_s = time.monotonic()
             daemon.signal(signal.SIGINT)
             assert daemon.wait() == 1

@@ -147,7 +147,12 @@ async def test_a_replace_finishes_sent_requests_on_the_old_version(daemon: Daemo
             status = await admin.add_model("swap", TINY_FILE, replace=True)  # tiny-sim rows
             assert status.version == 2 and status.inputs[0].shape == (-1, 4)
             old = [await pending for pending in sent]
-            assert {(r.status, r.model_version) for r in old} == {("ok", 1)}
+            # Each answered by version 1. On a loaded machine, 38 MB of images can put the
+            # daemon's loop past its door (runtime.max_loop_delay_ns): the last are refused
+            # `overloaded` at once (by version 1 still). Whatever the replace did, it is not that.
+            assert {r.model_version for r in old} == {1}
+            assert {r.status for r in old} <= {Outcome.OK, Outcome.OVERLOADED}
+            assert Outcome.OK in {r.status for r in old}
             new = await sender.infer("swap", row(6), slo_ms=SLO_MS)
             assert new.ok and new.model_version == 2 and new.outputs["output"][0, 0] == 6
             listed = {m.name: m.version for m in await admin.models()}

@@ -27,7 +27,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from clockwork_async.client import Client
+from clockwork_async.client import Client, InferResult
+from clockwork_async.core.outcomes import Outcome
 from e2e.harness import DaemonProcess, add_tiny, sim_executor, write_config
 
 __all__ = [
@@ -204,10 +205,18 @@ class GoodClient:
     too, named after their class."""
 
     def __init__(
-        self, address: str, *, period_s: float = 0.02, token: str = "", **kwargs: Any
+        self,
+        address: str,
+        *,
+        period_s: float = 0.02,
+        slo_ms: float = SLO_MS,
+        token: str = "",
+        **kwargs: Any,
     ) -> None:
-        self._client = Client(address, token=token, timeout_s=30.0, **kwargs)
-        self._period_s = period_s
+        # The client waits past the SLO: a late request is answered (dropped), not timed out.
+        timeout_s = slo_ms / 1000 + READ_TIMEOUT_S
+        self._client = Client(address, token=token, timeout_s=timeout_s, **kwargs)
+        self._period_s, self._slo_ms = period_s, slo_ms
         self._stopping = threading.Event()
         self.statuses: list[str] = []
         self._thread = threading.Thread(target=self._run, name="good-client", daemon=True)
@@ -219,9 +228,8 @@ class GoodClient:
             value += 1
             row = {"input": np.full((1, 4), value, np.float32)}
             try:
-                result = self._client.infer("tiny", row, slo_ms=SLO_MS)
-                ok = result.ok and result.outputs["output"][0, 0] == value
-                self.statuses.append("ok" if ok else f"{result.status}: {result.message}")
+                result = self._client.infer("tiny", row, slo_ms=self._slo_ms)
+                self.statuses.append(_status(result, value))
             except Exception as error:
                 self.statuses.append(type(error).__name__)
             self._stopping.wait(self._period_s)
@@ -232,12 +240,22 @@ class GoodClient:
         self._client.close()
         return self.statuses
 
-    def check(self) -> None:
-        """Stop; assert it was answered at least once and every answer was ok."""
+    def check(self, *, late_allowed: bool = False) -> None:
+        """Stop; assert it was answered ok at least once and every answer was ok, or, with
+        ``late_allowed``, ``dropped`` (the scheduler's verdict on a request it could no longer
+        start in time: lateness, not a refusal or a broken connection)."""
         statuses = self.stop()
-        assert statuses, "the well-behaved client got no answer at all"
-        bad = [s for s in statuses if s != "ok"]
+        assert "ok" in statuses, f"the well-behaved client was never answered ok: {statuses[:5]}"
+        fine = {"ok", Outcome.DROPPED} if late_allowed else {"ok"}
+        bad = [s for s in statuses if s.partition(":")[0] not in fine]
         assert not bad, f"{len(bad)} of {len(statuses)} answers were not ok: {bad[:5]}"
+
+
+def _status(result: InferResult, value: float) -> str:
+    """``ok``, ``wrong output`` (ok, but not this row's echo), or ``STATUS: message``."""
+    if not result.ok:
+        return f"{result.status}: {result.message}"
+    return "ok" if result.outputs["output"][0, 0] == value else "wrong output"
 
 
 def start_daemon(
@@ -275,9 +293,11 @@ def open_fds(pid: int) -> int:
 
 
 def wait_until(
-    predicate: Callable[[], bool], timeout_s: float = 20.0, period_s: float = 0.05
+    predicate: Callable[[], bool], timeout_s: float = 60.0, period_s: float = 0.05
 ) -> bool:
-    """Poll ``predicate`` until true (returns True) or ``timeout_s`` passes (False)."""
+    """Poll ``predicate`` until true (returns True) or ``timeout_s`` passes (False). The
+    default bound is generous on purpose: it only ends a wait for a state that never comes,
+    and a loaded 2-core machine can take many seconds to reach one that does."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

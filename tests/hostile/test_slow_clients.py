@@ -48,6 +48,13 @@ SLOW_READER_RSS_BOUND_BYTES = 64 * MiB
 IDLE_RSS_PER_CONNECTION_BOUND_BYTES = 64 * 1024
 UPLOADS, UPLOAD_BYTES = 64, 4 * MiB  # 256 MiB offered on one connection
 UPLOADS_RSS_BOUND_BYTES = 128 * MiB  # the inbound queue (64 MiB) and a few uploads at work
+# The well-behaved client shares the daemon's one event loop with clients that flood it with
+# tens of thousands of frames, seconds of CPU; on a loaded 2-core machine that can outlast any
+# SLO, and the scheduler then drops its request (lateness, judged by the clock). What these
+# tests claim is that the hostile clients do not take the others' service away: no error, no
+# refusal, no closed connection, no wrong answer. So the client is checked with late_allowed,
+# and its SLO is generous (but under the flood's 60 s: an earlier deadline, served first).
+GOOD_SLO_MS = 30_000.0
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +73,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 @pytest.fixture
 def good(daemon: DaemonProcess) -> Iterator[GoodClient]:
-    client = GoodClient(daemon.api)
+    client = GoodClient(daemon.api, slo_ms=GOOD_SLO_MS)
     yield client
-    client.check()
+    client.check(late_allowed=True)
     assert daemon.process.poll() is None, "the daemon died"
 
 
@@ -115,7 +122,7 @@ def test_a_slow_reader_is_not_read_and_memory_stays_bounded(
         assert reader.hello()["t"] == "hello"
         sent = push(reader.sock, requests)
         assert sent < len(requests), "the daemon read everything from a client that reads nothing"
-        assert wait_until(lambda: stats(daemon)["api"]["slow_readers"] >= 1, 10.0)
+        assert wait_until(lambda: stats(daemon)["api"]["slow_readers"] >= 1)
         peak = peak_rss_bytes(daemon.pid)
         assert peak - baseline < SLOW_READER_RSS_BOUND_BYTES, (baseline, peak, sent)
     assert wait_until(lambda: stats(daemon)["api"]["outstanding"] == 0)
@@ -146,9 +153,9 @@ def test_a_half_closed_client_gets_every_reply_then_end_of_input(
 ) -> None:
     with RawClient(daemon.api) as raw:
         assert raw.hello()["t"] == "hello"
-        raw.send(infer_frames(500))
+        raw.send(infer_frames(500, slo_ms=60_000.0))  # its claim is the order of things, not time
         raw.end_writing()  # shutdown(SHUT_WR): it still reads
-        ending = raw.read_until_closed()
+        ending = raw.read_until_closed(60.0)  # a bound on "never closes", not a latency
     assert ending.how == "eof", ending.how
     assert [h["status"] for h in ending.headers] == ["ok"] * 500
     assert {h["request_id"] for h in ending.headers} == {1 << 20 | i for i in range(500)}
@@ -283,7 +290,7 @@ def stats_after_closing_one(daemon: DaemonProcess, held: list[RawClient]) -> dic
             return False
         return True
 
-    assert wait_until(room, 10.0)
+    assert wait_until(room)
     return snapshot
 
 
