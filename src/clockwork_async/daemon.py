@@ -43,7 +43,6 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from clockwork_async import daemon_setup as setup
-from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.config import DaemonConfig, redacted
 from clockwork_async.frontends import FrontEndError, FrontEnds
@@ -315,19 +314,9 @@ class Daemon:
         StartError naming the key."""
         assert self.service is not None
         server = self.config.server
-        api = ApiServer(
-            self.service,
-            requests=self.driver.dispatcher,
-            routes=self.service.routes,
-            limits=server.limits,
-            auth=TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token),
-        )
-        self.api = api
+        self.api = api = setup.api_server(self.config, self.service, self.driver.dispatcher)
         try:
-            context, tls = None, None
-            if server.tls_cert_path is not None and server.tls_key_path is not None:
-                tls = (server.tls_cert_path, server.tls_key_path)
-                context = server_ssl_context(*tls)
+            context, tls = setup.server_tls(server)
             await api.bind(str(server.listen), ssl=context)
             self.front_ends = FrontEnds(
                 api, self.config.http, self.config.grpc, ssl=context, tls_paths=tls
@@ -495,18 +484,9 @@ class Daemon:
             await self.endpoint.close()
         await self.driver.close()
         if self.supervisor is not None:
-            if self._force.is_set():
-                self._kill_executors(self.supervisor)
-            await self.supervisor.close()
+            await self.supervisor.close(force=self._force.is_set())
         if self.io_arena is not None:
             self.io_arena.close()  # no executor maps it any more; its memory goes with the fd
-
-    @staticmethod
-    def _kill_executors(supervisor: Supervisor) -> None:
-        for child in supervisor.children.values():
-            if child.process is not None and child.process.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.process.kill()
 
 
 def _served_count(service: DaemonService) -> int:

@@ -13,10 +13,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 
-from clockwork_async.config import DaemonConfig, LocalExecutorConfig, RemoteExecutorConfig
+from clockwork_async.api.auth import TokenAuth, server_ssl_context
+from clockwork_async.api.server import ApiServer
+from clockwork_async.api.service import Requests
+from clockwork_async.config import (
+    DaemonConfig,
+    LocalExecutorConfig,
+    RemoteExecutorConfig,
+    ServerConfig,
+)
 from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.profile_cache import ProfileCache, machine_key
@@ -24,7 +33,7 @@ from clockwork_async.repository import ModelEntry, Repository
 from clockwork_async.runtime.driver import RuntimeConfig
 from clockwork_async.runtime.snapshot import DriverSnapshot
 from clockwork_async.runtime.supervisor import ExecutorSpec, SupervisorConfig, pin_controller
-from clockwork_async.service_impl import Registration
+from clockwork_async.service_impl import DaemonService, Registration
 
 log = logging.getLogger(__name__)
 
@@ -237,3 +246,21 @@ class ControllerPlacement:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self._affinity_before)
             self._affinity_before = None
+
+
+def api_server(config: DaemonConfig, service: DaemonService, requests: Requests) -> ApiServer:
+    """The client API's server over ``service`` (admin) and ``requests`` (the dispatcher)."""
+    server = config.server
+    auth = TokenAuth(infer_token=server.infer_token, admin_token=server.admin_token)
+    return ApiServer(
+        service, requests=requests, routes=service.routes, limits=server.limits, auth=auth
+    )
+
+
+def server_tls(server: ServerConfig) -> tuple[ssl.SSLContext | None, tuple[Path, Path] | None]:
+    """The TLS context of ``[server]`` and its (cert, key) paths, or (None, None) without TLS.
+    Raises OSError for files it cannot read."""
+    if server.tls_cert_path is None or server.tls_key_path is None:
+        return None, None
+    paths = (server.tls_cert_path, server.tls_key_path)
+    return server_ssl_context(*paths), paths

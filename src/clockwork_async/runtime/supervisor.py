@@ -218,9 +218,14 @@ class Supervisor:
             process.kill()
         return True
 
-    async def close(self) -> None:
-        """Stop every executor: SIGTERM, SIGKILL after ``stop_timeout_s``; wait for each."""
+    async def close(self, *, force: bool = False) -> None:
+        """Stop every executor: SIGTERM, SIGKILL after ``stop_timeout_s`` (``force``: SIGKILL
+        at once, a second stop signal); wait for each."""
         self._closing = True
+        for child in self.children.values() if force else ():
+            if child.process is not None and child.process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.process.kill()
         watchers = [c.watcher for c in self.children.values() if c.watcher is not None]
         for watcher in watchers:
             watcher.cancel()
