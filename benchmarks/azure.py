@@ -143,7 +143,7 @@ def sim_executors_toml(count: int) -> str:
 
 def start_sim_daemon(folder: Path, instances: int) -> DaemonProcess:
     """The daemon with 6 simulated ResNet50-V100 executors and ``instances`` copies."""
-    from clockwork_async.demo_models import build_tiny
+    from clockwork_async.models.demo import build_tiny
 
     model_toml = f'copies = {instances}\nsim_profile = "{RESNET50_V100.name}"\n'
     add_model(folder / "models", SIM_PREFIX, build_tiny(0).SerializeToString(), model_toml)
@@ -152,7 +152,7 @@ def start_sim_daemon(folder: Path, instances: int) -> DaemonProcess:
 
 def start_ort_daemon(folder: Path, instances: int) -> DaemonProcess:
     """The daemon on its default executors with ``instances`` copies of ``resnet-like``."""
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     path = generate_demo_models(folder / "demo", names=[ORT_MODEL])[ORT_MODEL]
     add_model(folder / "models", ORT_MODEL, path.read_bytes(), f"copies = {instances}\n")

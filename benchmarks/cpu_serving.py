@@ -75,7 +75,7 @@ FULL = Plan(saturation_s=20.0, load_s=150.0, tight_s=60.0)
 
 def start_daemon(folder: Path) -> DaemonProcess:
     """The daemon on its default executors, serving ``resnet-like`` only."""
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     path = generate_demo_models(folder / "demo", names=[MODEL])[MODEL]
     add_model(folder / "models", MODEL, path.read_bytes())

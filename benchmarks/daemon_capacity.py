@@ -215,7 +215,7 @@ def run_size(size: RowSize, quick: bool, daemon_python: str) -> dict[str, Any]:
     duration_s = 4.0 if quick else 12.0
     with tempfile.TemporaryDirectory(prefix="clockwork-capacity-") as name:
         folder = Path(name)
-        from clockwork_async.demo_models import build_tiny
+        from clockwork_async.models.demo import build_tiny
 
         toml = f'sim_profile = "{size.sim_profile}"\ndefault_slo_ms = {SLO_MS}\n'
         add_model(folder / "models", "m", build_tiny(0).SerializeToString(), toml)

@@ -202,7 +202,7 @@ def bucket_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) 
 
 
 def start_daemon(folder: Path) -> DaemonProcess:
-    from clockwork_async.demo_models import build_tiny
+    from clockwork_async.models.demo import build_tiny
 
     add_model(folder / "models", "alpha", build_tiny(0).SerializeToString())
     add_model(folder / "models", "beta", build_tiny(1).SerializeToString(), "copies = 3\n")

@@ -276,7 +276,7 @@ def print_tables(report: dict[str, Any]) -> None:
 
 
 def find_models(include_shared: bool) -> dict[str, Path]:
-    from clockwork_async.demo_models import default_directory, generate_demo_models
+    from clockwork_async.models.demo import default_directory, generate_demo_models
 
     models = dict(generate_demo_models(default_directory(), names=list(DEMO_MODELS)))
     if include_shared and SHARED_MODELS_DIR.is_dir():

@@ -114,7 +114,7 @@ reconnect_backoff_healthy_s = 2.0
 
 
 def start_daemon(folder: Path, plan: Plan) -> DaemonProcess:
-    from clockwork_async.demo_models import build_tiny
+    from clockwork_async.models.demo import build_tiny
 
     model_toml = f'copies = {COPIES}\nsim_profile = "tiny-sim"\n'
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString(), model_toml)

@@ -596,7 +596,7 @@ def _open_ops(ops_name: str, report: dict[str, Any]) -> Any:
 
 
 def _models(directory: Path) -> dict[str, Path]:
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     paths = {"resnet-like": generate_demo_models(directory, names=["resnet-like"])["resnet-like"]}
     big = directory / "mlp-100mb.onnx"

@@ -62,7 +62,7 @@ HEADER_END = b"\r\n\r\n"
 
 def model_input_specs(onnx_bytes: bytes) -> tuple[Any, ...]:
     """The input specs the daemon reports for these model bytes."""
-    from clockwork_async.model_info import read_model_info
+    from clockwork_async.models.info import read_model_info
 
     return read_model_info("peer", onnx_bytes, None).inputs
 

@@ -268,7 +268,7 @@ def in_process_part(name: str, path: Path, plan: Plan, cpu: int) -> list[dict[st
 
 
 def run(plan: Plan, models: Sequence[str]) -> dict[str, Any]:
-    from clockwork_async.demo_models import default_directory, generate_demo_models
+    from clockwork_async.models.demo import default_directory, generate_demo_models
 
     paths = generate_demo_models(default_directory(), names=list(models))
     cpus = sorted(os.sched_getaffinity(0))

@@ -319,7 +319,7 @@ def start_daemon(
 ) -> DaemonProcess:
     """The daemon as it configures itself, or with ``server.busy_poll_us`` set, run by
     ``python`` (another install's interpreter: the build to compare against)."""
-    from clockwork_async.demo_models import build_tiny
+    from clockwork_async.models.demo import build_tiny
 
     folder.mkdir(exist_ok=True)
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString())

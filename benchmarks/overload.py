@@ -80,7 +80,7 @@ slowdown = {slowdown}
 def start_daemon(folder: Path, slowdown: float, server: str = "") -> DaemonProcess:
     """The daemon serving ``tiny`` (the ``tiny-sim`` profile) on one simulated executor
     slowed ``slowdown`` times; ``server``: extra lines of its ``[server]`` section."""
-    from clockwork_async.demo_models import build_tiny
+    from clockwork_async.models.demo import build_tiny
 
     add_model(folder / "models", MODEL, build_tiny(0).SerializeToString())
     config = daemon_config(folder, SIM_EXECUTOR.format(slowdown=slowdown))

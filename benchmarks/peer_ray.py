@@ -3,7 +3,7 @@
 
     python -m benchmarks.peer_ray [--quick] [--skip-ray] [--json OUT]
 
-Model: the ``resnet-like`` demo model (`clockwork_async.demo_models`, 19.7 MB, conv-bound),
+Model: the ``resnet-like`` demo model (`clockwork_async.models.demo`, 19.7 MB, conv-bound),
 written once to a temporary folder; both servers load those bytes. Batching matters for it
 (b16 runs at about a third of b1's time per request on these CPUs); it does not for ``mlp``.
 

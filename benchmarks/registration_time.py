@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks.lib import DaemonProcess, daemon_config, machine_description, table
 from clockwork_async.client import Client
-from clockwork_async.demo_models import build_slow, generate_demo_models
+from clockwork_async.models.demo import build_slow, generate_demo_models
 
 POLL_S = 0.05
 DEMO = ("tiny", "mlp", "resnet-like")

@@ -27,7 +27,7 @@ import pytest
 import clockwork_async
 from clockwork_async import build
 from clockwork_async.cli import main
-from clockwork_async.metrics import _build_info
+from clockwork_async.daemon.metrics import _build_info
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED_VARIABLE = "CLOCKWORK_ASYNC_COMPILED"

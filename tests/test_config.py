@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async import daemon_setup as setup
 from clockwork_async.api.server import ServerLimits
-from clockwork_async.config import (
+from clockwork_async.config.daemon import (
     MOVED_KEYS,
     SECTIONS,
     ConfigError,
@@ -23,9 +22,10 @@ from clockwork_async.config import (
     load_config,
     redacted,
 )
-from clockwork_async.config_fields import Raw, build_section, section_keys
-from clockwork_async.config_keys import internal, nested, ranged
+from clockwork_async.config.fields import Raw, build_section, section_keys
+from clockwork_async.config.keys import internal, nested, ranged
 from clockwork_async.core.config import ControllerConfig
+from clockwork_async.daemon import setup
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.executor_link import LinkConfig
 from clockwork_async.runtime.profiler import ProfilerConfig

@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from clockwork_async import demo_models
-from clockwork_async.demo_models import BUILDERS, generate_demo_models
+from clockwork_async.models import demo as demo_models
+from clockwork_async.models.demo import BUILDERS, generate_demo_models
 
 
 def digest(path: Path) -> str:

@@ -13,7 +13,7 @@ import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
 
-from clockwork_async.http_endpoint import (
+from clockwork_async.daemon.http_endpoint import (
     BadRequest,
     HeadReader,
     HttpEndpoint,
@@ -24,7 +24,7 @@ from clockwork_async.http_endpoint import (
     parse_head,
     respond,
 )
-from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
+from clockwork_async.daemon.metrics import ExecutorGauges, LiveSnapshot, Metrics
 
 GET = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
 

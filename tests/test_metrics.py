@@ -9,8 +9,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.ioarena.shared import IoArena, Slot
-from clockwork_async.metrics import (
+from clockwork_async.daemon.metrics import (
     OTHER,
     BoundedLabel,
     ExecutorGauges,
@@ -18,6 +17,7 @@ from clockwork_async.metrics import (
     Metrics,
     probe_loop_lag,
 )
+from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.wire.messages import ActionResult
 

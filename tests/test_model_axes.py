@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from clockwork_async.model_axes import AxisDeclaration
-from clockwork_async.model_info import InvalidModel, read_model_info
-from clockwork_async.repository import Repository
+from clockwork_async.models.axes import AxisDeclaration
+from clockwork_async.models.info import InvalidModel, read_model_info
+from clockwork_async.models.repository import Repository
 from clockwork_async.wire.messages import TensorSpec
 from typed_models import (
     AUDIO_TOML,

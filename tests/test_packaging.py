@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from clockwork_async import config as config_module
 from clockwork_async.api.server import ServerLimits
-from clockwork_async.config import MachineFacts, load_config
-from clockwork_async.config_fields import section_keys, section_values
+from clockwork_async.config import daemon as config_module
+from clockwork_async.config.daemon import MachineFacts, load_config
+from clockwork_async.config.fields import section_keys, section_values
 from clockwork_async.core.config import ControllerConfig
-from clockwork_async.metrics import ExecutorGauges, LiveSnapshot, Metrics
-from clockwork_async.model_info import ModelSettings
+from clockwork_async.daemon.metrics import ExecutorGauges, LiveSnapshot, Metrics
+from clockwork_async.models.info import ModelSettings
 from clockwork_async.wire.addresses import TcpAddress
 
 ROOT = Path(__file__).resolve().parents[1]

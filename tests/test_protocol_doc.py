@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async.model_info import ModelSettings
+from clockwork_async.models.info import ModelSettings
 from clockwork_async.wire.messages import CLIENT_REPLIES, CLIENT_REQUESTS, ApiCode, ModelStatus
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"

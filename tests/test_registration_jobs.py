@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from clockwork_async.registration_jobs import Job, JobError, Jobs, JobState, job_status
+from clockwork_async.daemon.registration_jobs import Job, JobError, Jobs, JobState, job_status
 
 
 async def settle() -> None:

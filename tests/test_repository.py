@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, external_data_helper, helper, numpy_helper
 
-from clockwork_async import repository as repo_module
-from clockwork_async.repository import (
+from clockwork_async.models import repository as repo_module
+from clockwork_async.models.repository import (
     BudgetExceeded,
     InvalidModel,
     InvalidModelName,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async.systemd import Notifier
+from clockwork_async.daemon.systemd import Notifier
 
 
 @pytest.fixture

@@ -91,7 +91,7 @@ def daemon_config(folder: Path, executors_toml: str = "", extra_sections: str = 
 
 def demo_model_bytes(folder: Path, names: Sequence[str]) -> dict[str, bytes]:
     """The ONNX bytes of demo models, generated under ``folder``."""
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     paths = generate_demo_models(folder, names=list(names))
     return {name: paths[name].read_bytes() for name in names}

@@ -333,7 +333,7 @@ async def _run_infers(
 
 
 async def run_demo(args: argparse.Namespace) -> int:
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     paths = generate_demo_models(Path(args.cache_dir), names=[args.model])
     print(f"demo model {args.model}: {paths[args.model]}")
@@ -379,7 +379,7 @@ async def _demo_session(address: str, args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str]) -> int:
     """Run the demo. Returns 0 on success, 1 if the executor failed."""
-    from clockwork_async.demo_models import default_directory
+    from clockwork_async.models.demo import default_directory
 
     parser = argparse.ArgumentParser(prog="clockwork-async demo", description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -8,7 +8,7 @@ from clockwork_async.core.capacity import capacity_batch, capacity_rps
 from clockwork_async.core.clock import VirtualClock
 from clockwork_async.core.config import ConfigError, ControllerConfig
 from clockwork_async.core.profiles import Predictions, SlidingWindow
-from clockwork_async.realclock import MonotonicClock
+from clockwork_async.runtime.realclock import MonotonicClock
 
 from .harness import KIND, MS, RESNET, SIZES, make_spec
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from clockwork_async import testing
-from clockwork_async.demo_models import build_tiny
+from clockwork_async.models.demo import build_tiny
 from clockwork_async.testing import (  # noqa: F401 (re-exported for the tests)
     DaemonProcess,
     children,

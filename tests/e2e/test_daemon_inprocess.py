@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async.config import MachineFacts, load_config
-from clockwork_async.daemon import Daemon, DaemonState
+from clockwork_async.config.daemon import MachineFacts, load_config
+from clockwork_async.daemon.lifecycle import Daemon, DaemonState
 
 from .harness import add_tiny, children
 

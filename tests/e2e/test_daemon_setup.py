@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clockwork_async import daemon_setup as setup
-from clockwork_async.config import DaemonConfig, MachineFacts, load_config
-from clockwork_async.repository import Repository
+from clockwork_async.config.daemon import DaemonConfig, MachineFacts, load_config
+from clockwork_async.daemon import setup
+from clockwork_async.models.repository import Repository
 from clockwork_async.runtime.snapshot import DriverSnapshot, ExecutorSnapshot, ModelSnapshot
 from clockwork_async.runtime.supervisor import controller_cpu
 

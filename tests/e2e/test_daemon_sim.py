@@ -21,7 +21,7 @@ import pytest
 from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.client import ApiError, Client
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.demo_models import build_tiny
+from clockwork_async.models.demo import build_tiny
 
 from .harness import (
     DaemonProcess,

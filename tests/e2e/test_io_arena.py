@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from clockwork_async.api.async_client import AsyncClient
-from clockwork_async.daemon import Daemon, DaemonState
+from clockwork_async.daemon.lifecycle import Daemon, DaemonState
 from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.wire.messages import Infer, Message
 from hostile.support import RawClient, infer_frame, infer_frames

@@ -19,7 +19,7 @@ import pytest
 
 from clockwork_async.api.async_client import ApiError
 from clockwork_async.client import Client, ModelStatus
-from clockwork_async.demo_models import build_slow, build_tiny
+from clockwork_async.models.demo import build_slow, build_tiny
 
 from .harness import DaemonProcess, add_tiny, children, ort_executor, sim_executor, write_config
 
@@ -133,8 +133,9 @@ def test_a_slow_model_registers_beside_live_traffic_that_stays_ok(
         statuses = traffic.stop()
     assert statuses and set(statuses) == {"ok"}, [s for s in statuses if s != "ok"]
     assert "profiling" in seen["slow"]
-    # Its batch-1 time is over 0.3 s: its default SLO is derived (5x), not 100 ms.
-    assert ready.default_slo_ns >= 1_500_000_000
+    # Its batch-1 time (0.2-0.4 s here, by the machine's load) is over the 100 ms default SLO:
+    # its default SLO is derived from it (5x), not 100 ms.
+    assert ready.default_slo_ns >= 5 * 100_000_000
     result = client.infer("slow", SLOW_ROW)
     assert result.ok, result.message
     print(f"slow model: add to ready {took_s:.1f} s beside {len(statuses)} ok requests")
@@ -217,6 +218,8 @@ def test_an_add_during_a_drain_is_answered_shutting_down(tmp_path: Path) -> None
         with Client(daemon.api, timeout_s=WAIT_S) as client:
             sim_row = {"input": np.ones((1, 4), np.float32)}  # what simulated executors take
             pending = client.submit("tiny", sim_row, slo_ms=20_000.0)
+            while not client.stats()["outstanding"]:  # accepted before the signal, not after
+                time.sleep(0.01)
             daemon.signal(signal.SIGTERM)  # the drain waits for that request
             while "shutting down" not in daemon.http_get("/readyz")[1]:
                 time.sleep(0.01)  # until the drain has begun

@@ -21,7 +21,7 @@ import numpy as np
 
 import clockwork_async
 from clockwork_async.client import Client
-from clockwork_async.daemon import DaemonState
+from clockwork_async.daemon.lifecycle import DaemonState
 
 from .harness import add_tiny
 from .test_daemon_inprocess import sim_daemon
@@ -38,7 +38,7 @@ REQUEST_PATH = {
     "runtime/executor_link.py",
     "runtime/hop.py",
     "runtime/timers.py",
-    "metrics.py",
+    "daemon/metrics.py",
     # The data plane (issue 26): a request's tensors are read into an IO arena slot, go to the
     # executor by reference and come back out of it; the slot's owner and pins live in
     # `shared`, its offsets in the pure allocator `slots`. Both are on the way of every

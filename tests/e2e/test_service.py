@@ -16,14 +16,14 @@ from prometheus_client import CollectorRegistry
 from clockwork_async.api.service import ModelRoute, ServiceError
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.demo_models import build_tiny
-from clockwork_async.metrics import Metrics
-from clockwork_async.profile_cache import ProfileCache
-from clockwork_async.repository import Repository
+from clockwork_async.daemon.admin import DaemonService, Registration
+from clockwork_async.daemon.metrics import Metrics
+from clockwork_async.models.demo import build_tiny
+from clockwork_async.models.profile_cache import ProfileCache
+from clockwork_async.models.repository import Repository
 from clockwork_async.runtime.driver import InferOutcome, RegisteredModel
 from clockwork_async.runtime.profiler import RegistrationProfile
 from clockwork_async.runtime.registration import RegistrationError
-from clockwork_async.service_impl import DaemonService, Registration
 
 from .harness import add_tiny
 

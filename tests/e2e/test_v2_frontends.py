@@ -27,8 +27,8 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from clockwork_async.client import Client
-from clockwork_async.daemon import DaemonState
-from clockwork_async.demo_models import build_mlp, build_tiny
+from clockwork_async.daemon.lifecycle import DaemonState
+from clockwork_async.models.demo import build_mlp, build_tiny
 
 from .harness import (
     DaemonProcess,

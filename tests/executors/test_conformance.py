@@ -83,7 +83,7 @@ def _case(backend: str, models_dir: Path) -> Case:
         # tiny-sim: 3 MiB of weights = 3 pages of 1 MiB; 8 pages hold two copies.
         args: tuple[str, ...] = ("--page-bytes", "1MiB", "--weights-bytes", "8MiB")
         return Case(backend, ("--backend", backend, *args), "tiny-sim")
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     path = generate_demo_models(models_dir, names=["tiny"])["tiny"]
     args: tuple[str, ...] = ("--page-bytes", "4KiB", "--weights-bytes", "16KiB")

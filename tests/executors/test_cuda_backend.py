@@ -43,7 +43,7 @@ from clockwork_async.executors.ort_binding import (
 from clockwork_async.executors.pages import PageCache
 from onnx import TensorProto, helper, numpy_helper
 
-from clockwork_async.demo_models import generate_demo_models
+from clockwork_async.models.demo import generate_demo_models
 from clockwork_async.runtime.supervisor import ExecutorSpec
 from clockwork_async.wire.messages import (
     ActionResult,

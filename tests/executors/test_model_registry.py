@@ -14,7 +14,7 @@ from clockwork_async.executors.model_registry import ModelFiles, ModelRegistry
 from clockwork_async.executors.onnxruntime import OnnxRuntimeBackend
 from clockwork_async.executors.simulated import SimulatedBackend
 
-from clockwork_async.demo_models import generate_demo_models
+from clockwork_async.models.demo import generate_demo_models
 from clockwork_async.wire.messages import ErrorCode
 
 

@@ -25,7 +25,7 @@ from clockwork_async.executors.onnxruntime import (
 from clockwork_async.executors.pages import PageCache
 from onnx import TensorProto, helper, numpy_helper
 
-from clockwork_async.demo_models import generate_demo_models
+from clockwork_async.models.demo import generate_demo_models
 from clockwork_async.wire.messages import ErrorCode, TensorSpec
 
 PAGE_BYTES = 1024  # tiny's 2 KB first weight is larger than a page: it gets a run of 2

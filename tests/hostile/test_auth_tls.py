@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from clockwork_async.api.auth import client_ssl_context
 from clockwork_async.client import ApiError, Client, ConnectError
-from clockwork_async.demo_models import build_tiny
+from clockwork_async.models.demo import build_tiny
 
 from .support import SLO_MS, DaemonProcess, GoodClient, RawClient, start_daemon
 

@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 from clockwork_async.client import ApiError, Client, ConnectionClosedError
-from clockwork_async.demo_models import build_tiny
+from clockwork_async.models.demo import build_tiny
 
 from .support import SLO_MS, DaemonProcess, GoodClient, start_daemon, wait_until
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, Outcome
-from clockwork_async.metrics import Metrics
+from clockwork_async.daemon.metrics import Metrics
 from clockwork_async.runtime.requests import ActionRecord
 from clockwork_async.runtime.supervisor import Supervisor
 from clockwork_async.wire.messages import ActionResult

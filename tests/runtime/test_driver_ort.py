@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime as ort
 
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.demo_models import generate_demo_models
+from clockwork_async.models.demo import generate_demo_models
 from clockwork_async.runtime.supervisor import ExecutorSpec, Supervisor
 
 from .support import Collector, deadline_in, new_driver

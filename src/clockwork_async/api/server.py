@@ -39,7 +39,7 @@ from typing import cast
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import Admin, ModelRoute, Requests
 from clockwork_async.api.session import ApiSession
-from clockwork_async.config_keys import ranged
+from clockwork_async.config.keys import ranged
 from clockwork_async.connection import (
     DEFAULT_MAX_QUEUED_MESSAGES,
     Connection,

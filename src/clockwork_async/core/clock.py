@@ -1,7 +1,7 @@
 """The clock contract, and the virtual clock of tests and the simulator.
 
 Invariant: the controller core never reads a clock, and nothing in core/ imports one that
-reads real time (``clockwork_async.realclock.MonotonicClock`` is one, outside the core).
+reads real time (``clockwork_async.runtime.realclock.MonotonicClock`` is one, outside the core).
 Whoever drives the core (the daemon in real time, the simulator in virtual time) reads the
 time and passes ``now_ns`` with every event.
 """

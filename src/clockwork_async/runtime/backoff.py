@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clockwork_async.config_keys import ranged
+from clockwork_async.config.keys import ranged
 from clockwork_async.core.config import ConfigError
 
 

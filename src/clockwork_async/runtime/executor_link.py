@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
-from clockwork_async.config_keys import internal, nested, ranged
+from clockwork_async.config.keys import internal, nested, ranged
 from clockwork_async.connection import Connection, ConnectionClosed, open_connection
 from clockwork_async.core.config import ConfigError
 from clockwork_async.runtime.backoff import BackoffConfig

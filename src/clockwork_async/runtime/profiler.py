@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from clockwork_async.config_keys import internal, ranged
+from clockwork_async.config.keys import internal, ranged
 from clockwork_async.core.config import ConfigError, ControllerConfig
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.runtime.batching import zero_batch

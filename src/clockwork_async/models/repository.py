@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from clockwork_async.model_axes import AxisDeclaration
-from clockwork_async.model_info import (
+from clockwork_async.models.axes import AxisDeclaration
+from clockwork_async.models.info import (
     DEFAULT_SIM_PROFILE,
     MODEL_NAME,
     InvalidModel,
@@ -46,7 +46,7 @@ from clockwork_async.model_info import (
     RepositoryError,
     read_model_info,
 )
-from clockwork_async.profile_cache import ProfileCache, machine_key
+from clockwork_async.models.profile_cache import ProfileCache, machine_key
 from clockwork_async.wire.messages import TensorSpec
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import Any
 
 from clockwork_async.api.server import ServerLimits
 from clockwork_async.api.v2_config import GrpcConfig, HttpConfig
-from clockwork_async.config_fields import (
+from clockwork_async.config.fields import (
     ConfigError,
     Raw,
     build_section,
@@ -35,7 +35,7 @@ from clockwork_async.config_fields import (
     parse_toml_value,
     section_values,
 )
-from clockwork_async.config_keys import RANGE, nested, ranged, secret
+from clockwork_async.config.keys import RANGE, nested, ranged, secret
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.runtime.executor_link import LinkConfig
 from clockwork_async.runtime.profiler import ProfilerConfig

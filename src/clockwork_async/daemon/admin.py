@@ -36,10 +36,10 @@ from functools import partial
 
 from clockwork_async import build
 from clockwork_async.api.service import Health, ModelRoute, ServiceError
-from clockwork_async.metrics import Metrics
-from clockwork_async.profile_cache import ProfileCache
-from clockwork_async.registration_jobs import Job, JobError, Jobs, JobState, job_status
-from clockwork_async.repository import (
+from clockwork_async.daemon.metrics import Metrics
+from clockwork_async.daemon.registration_jobs import Job, JobError, Jobs, JobState, job_status
+from clockwork_async.models.profile_cache import ProfileCache
+from clockwork_async.models.repository import (
     ModelEntry,
     ModelNotFound,
     Repository,

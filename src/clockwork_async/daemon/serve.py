@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from clockwork_async.config import (
+from clockwork_async.config.daemon import (
     ConfigError,
     DaemonConfig,
     LocalExecutorConfig,
@@ -130,7 +130,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> int:
 async def _run_daemon(
     config: DaemonConfig, environ: Mapping[str, str], demo_dir: Path | None
 ) -> int:
-    from clockwork_async.daemon import Daemon
-    from clockwork_async.systemd import Notifier
+    from clockwork_async.daemon.lifecycle import Daemon
+    from clockwork_async.daemon.systemd import Notifier
 
     return await Daemon(config, notifier=Notifier(environ), demo_cache_dir=demo_dir).run()

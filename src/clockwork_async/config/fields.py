@@ -21,7 +21,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from clockwork_async.config_keys import (
+from clockwork_async.config.keys import (
     INTERNAL,
     PREFIX,
     RANGE,

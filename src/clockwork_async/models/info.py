@@ -19,8 +19,8 @@ from typing import Any
 import onnx
 from onnx import external_data_helper
 
-from clockwork_async.config_fields import ConfigError, Raw, build_section, ranged
-from clockwork_async.model_axes import AxisDeclaration, AxisError, resolve_axes
+from clockwork_async.config.fields import ConfigError, Raw, build_section, ranged
+from clockwork_async.models.axes import AxisDeclaration, AxisError, resolve_axes
 from clockwork_async.sim.profiles import BUILTIN_PROFILES, TINY_SIM
 from clockwork_async.wire.dtypes import WIRE_DTYPES, onnx_wire_name, supported_names
 from clockwork_async.wire.messages import TensorSpec

@@ -22,8 +22,8 @@ Invariants: the lifecycle is explicit (STARTING -> SERVING -> DRAINING -> STOPPE
 STARTING -> DRAINING when stopped while starting) with one guarded transition; the daemon waits
 on events, never polls; signal handlers and the CPU affinity are the daemon's only while it
 runs, and the previous ones are restored when `run` returns; whatever was started is stopped,
-whatever path `run` takes out. `clockwork_async.serve` (the CLI verb) reads the config and the
-environment and runs it.
+whatever path `run` takes out. `daemon.serve` (the CLI verb) reads the config and the environment
+and runs it.
 """
 
 from __future__ import annotations
@@ -42,19 +42,19 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
-from clockwork_async import daemon_setup as setup
 from clockwork_async.api.server import ApiServer
-from clockwork_async.config import DaemonConfig, redacted
-from clockwork_async.frontends import FrontEndError, FrontEnds
-from clockwork_async.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.config.daemon import DaemonConfig, redacted
+from clockwork_async.daemon import setup
+from clockwork_async.daemon.admin import DaemonService
+from clockwork_async.daemon.frontends import FrontEndError, FrontEnds
+from clockwork_async.daemon.http_endpoint import HttpEndpoint, Readiness
+from clockwork_async.daemon.metrics import Metrics, probe_loop_lag
+from clockwork_async.daemon.systemd import Notifier
 from clockwork_async.ioarena.shared import ArenaError, IoArena
-from clockwork_async.metrics import Metrics, probe_loop_lag
-from clockwork_async.repository import Repository
+from clockwork_async.models.repository import Repository
 from clockwork_async.runtime.driver import Driver
 from clockwork_async.runtime.executor_link import LinkError
 from clockwork_async.runtime.supervisor import Supervisor, SupervisorError
-from clockwork_async.service_impl import DaemonService
-from clockwork_async.systemd import Notifier
 from clockwork_async.wire.addresses import TcpAddress
 
 log = logging.getLogger("clockwork_async.daemon")

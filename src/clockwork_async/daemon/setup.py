@@ -20,20 +20,20 @@ from pathlib import Path
 from clockwork_async.api.auth import TokenAuth, server_ssl_context
 from clockwork_async.api.server import ApiServer
 from clockwork_async.api.service import Requests
-from clockwork_async.config import (
+from clockwork_async.config.daemon import (
     DaemonConfig,
     LocalExecutorConfig,
     RemoteExecutorConfig,
     ServerConfig,
 )
+from clockwork_async.daemon.admin import DaemonService, Registration
+from clockwork_async.daemon.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.ioarena.shared import IoArena
-from clockwork_async.metrics import ExecutorGauges, LiveSnapshot
-from clockwork_async.profile_cache import ProfileCache, machine_key
-from clockwork_async.repository import ModelEntry, Repository
+from clockwork_async.models.profile_cache import ProfileCache, machine_key
+from clockwork_async.models.repository import ModelEntry, Repository
 from clockwork_async.runtime.driver import RuntimeConfig
 from clockwork_async.runtime.snapshot import DriverSnapshot
 from clockwork_async.runtime.supervisor import ExecutorSpec, SupervisorConfig, pin_controller
-from clockwork_async.service_impl import DaemonService, Registration
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def seed_demo_models(repository: Repository, cache_dir: Path) -> list[str]:
     """On the first run of the embedded default, generate the demo models into ``cache_dir``
     and add those missing to ``repository``; a marker file makes later runs leave it alone
     (a removed demo model stays removed). Returns the names added."""
-    from clockwork_async.demo_models import generate_demo_models
+    from clockwork_async.models.demo import generate_demo_models
 
     marker = repository.root / DEMO_SEEDED_MARKER
     if marker.exists():
