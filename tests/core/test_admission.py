@@ -349,3 +349,16 @@ def test_no_warm_up_where_a_warm_lane_would_not_serve_it_either_or_when_off() ->
     for request_id in range(2, 14):
         assert not only(off.request(request_id, "a", 3_400 * US, at_ns=30 * MS), StartInfer)
     assert h.ctl.stats().counters["warm_ups"] == off.ctl.stats().counters["warm_ups"] == 0
+
+
+def test_a_cold_extra_longer_than_the_schedule_ahead_still_lets_an_idle_lane_start() -> None:
+    """An idle cold lane's start is its cold extra away however long one waits: once that is
+    beyond the schedule-ahead horizon, waiting for the horizon would postpone the request until
+    it is dropped (found with real executors under load). It is committed at once instead, to
+    start when the cold extra says, as admission promised."""
+    h = loaded_harness("a", warm_gap_ns=MS)  # schedule-ahead 3 ms
+    (first,) = only(h.request(1, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    h.finish(first, end_ns=10 * MS + B1 + 20 * MS)  # after 10 ms idle: 20 ms slow
+    assert h.ctl.executor("e1").cold_extra_ns == 20 * MS
+    (cold,) = only(h.request(2, "a", 100 * MS, at_ns=60 * MS), StartInfer)
+    assert (cold.request_ids, cold.earliest_ns, cold.planned_start_ns) == ((2,), 60 * MS, 80 * MS)

@@ -69,7 +69,7 @@ def fill(core: CoreState, policy: Policy, executor: ExecutorState) -> None:
     wake_ns: int | None = None
     while True:
         start_ns = executor.exec_lane.start_for(now_ns)
-        if start_ns > horizon_ns:
+        if start_ns > horizon_ns and not _cold_and_idle(executor, now_ns, horizon_ns):
             _shed(core, policy, executor, start_ns)
             if executor.heap:
                 wake_ns = start_ns - ahead_ns
@@ -95,6 +95,13 @@ def fill(core: CoreState, policy: Policy, executor: ExecutorState) -> None:
         push_head(core, executor, model)
     if wake_ns is not None:
         arm_timer(core, executor, wake_ns)
+
+
+def _cold_and_idle(executor: ExecutorState, now_ns: int, horizon_ns: int) -> bool:
+    """Whether the lane is idle and only its cold extra puts its start past the horizon: that
+    start moves with the clock, so waiting for it would never reach it; commit now instead."""
+    lane = executor.exec_lane
+    return lane.is_cold_now(now_ns) and lane.start_for(now_ns) - lane.cold_extra_ns <= horizon_ns
 
 
 def drop(core: CoreState, plan: Drop) -> None:
