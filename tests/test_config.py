@@ -61,10 +61,33 @@ def test_defaults_are_loopback_and_machine_sized() -> None:
     assert config.repository.profile_cache_dir.name == "profiles"
     assert config.repository.weights_budget_bytes == 4 << 30
     assert config.executors == (LocalExecutorConfig(name="local-0", cpus=(1,)),)
-    assert config.controller == ControllerConfig()
+    cpu_warm_ups = {"warm_gap_ns": 2_000_000, "warm_up_infers": 2}  # CPU executors only
+    assert config.controller == dataclasses.replace(ControllerConfig(), **cpu_warm_ups)
     assert config.server.log_format is LogFormat.PLAIN
     assert not config.server.auth_enabled
     assert config.warnings() == []
+
+
+@pytest.mark.parametrize(
+    ("text", "warm_gap_ns", "warm_up_infers"),
+    [
+        ("", 2_000_000, 2),  # only ONNX Runtime CPU executors: warm-ups on
+        ("[controller]\nwarm_up_infers = 0\n", 0, 0),  # either key set: no kind default
+        ("[controller]\nwarm_gap_ns = 1000000\n", 1_000_000, 0),
+        ('[[executors]]\nbackend = "simulated"\ndevice = "sim"\n', 0, 0),
+        ('[[executors]]\ndevice = "cuda:0"\n', 0, 0),
+        ('[[executors]]\ntype = "remote"\naddress = "gpu-box:7471"\n', 0, 0),
+        ('[[executors]]\n[[executors]]\ntype = "remote"\naddress = "gpu-box:7471"\n', 0, 0),
+    ],
+)
+def test_warm_ups_are_the_default_only_where_every_executor_is_an_onnxruntime_cpu_one(
+    tmp_path: Path, text: str, warm_gap_ns: int, warm_up_infers: int
+) -> None:
+    config = load(text, tmp_path=tmp_path)
+    assert (config.controller.warm_gap_ns, config.controller.warm_up_infers) == (
+        warm_gap_ns,
+        warm_up_infers,
+    )
 
 
 @pytest.mark.parametrize(

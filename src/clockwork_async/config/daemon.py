@@ -21,7 +21,7 @@ import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum, StrEnum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from clockwork_async.config.fields import (
     build_section,
     choices,
     parse_toml_value,
-    section_values,
+    plain_section,
 )
 from clockwork_async.config.keys import RANGE, nested, ranged, secret
 from clockwork_async.core.config import ControllerConfig
@@ -345,16 +345,29 @@ def _split_env_name(name: str, value: str) -> tuple[str, str]:
 
 
 def _build(layers: _Layers, machine_defaults: dict[str, Any], facts: MachineFacts) -> DaemonConfig:
-    repo_raw = {k: Raw(v, "default") for k, v in machine_defaults.items()}
-    repo_raw.update(layers.tables["repository"])
-    sections = {
-        name: build_section(cls, name, repo_raw if name == "repository" else layers.tables[name])
-        for name, cls in SECTIONS.items()
-    }
     executors = _executors(layers.executors, facts)
+    tables = dict(layers.tables)
+    tables["repository"] = {k: Raw(v, "default") for k, v in machine_defaults.items()}
+    tables["repository"].update(layers.tables["repository"])
+    tables["controller"] = _kind_defaults(executors, tables["controller"])
+    sections = {name: build_section(cls, name, tables[name]) for name, cls in SECTIONS.items()}
     config = DaemonConfig(executors=executors, source=layers.file, **sections)
     _check(config, facts)
     return config
+
+
+def _kind_defaults(executors: tuple[ExecutorConfig, ...], given: dict[str, Raw]) -> dict[str, Raw]:
+    """``[controller]``'s ``given`` keys plus the defaults that follow the executors: with only
+    local ONNX Runtime CPU executors, warm-ups (docs/controller.md, "Decision (issue 29, point
+    4)"), unless the config sets either of their two keys."""
+    cpu = all(
+        isinstance(e, LocalExecutorConfig) and (e.backend, e.device) == ("onnxruntime", "cpu")
+        for e in executors
+    )
+    if not cpu or {"warm_gap_ns", "warm_up_infers"} & given.keys():
+        return given
+    source = "default for CPU executors"
+    return {"warm_gap_ns": Raw(2_000_000, source), "warm_up_infers": Raw(2, source), **given}
 
 
 def _executors(raw: Raw | None, facts: MachineFacts) -> tuple[ExecutorConfig, ...]:
@@ -475,24 +488,7 @@ def _check_local(key: str, executor: LocalExecutorConfig, cpus: Sequence[int]) -
 def redacted(config: DaemonConfig) -> dict[str, Any]:
     """The config as plain data for logs, section by section and key by key as a file would
     set them, with every secret replaced by ``"<redacted>"``."""
-    plain: dict[str, Any] = {name: _plain_section(getattr(config, name)) for name in SECTIONS}
-    plain["executors"] = [_plain_section(executor) for executor in config.executors]
+    plain: dict[str, Any] = {name: plain_section(getattr(config, name)) for name in SECTIONS}
+    plain["executors"] = [plain_section(executor) for executor in config.executors]
     plain["source"] = config.source
     return plain
-
-
-def _plain_section(section: Any) -> dict[str, Any]:
-    return {
-        key: "<redacted>" if is_secret and value else _plain(value)
-        for key, (value, is_secret) in section_values(section).items()
-    }
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path | TcpAddress):
-        return str(value)
-    if isinstance(value, tuple | list):
-        return [_plain(item) for item in value]
-    if isinstance(value, Enum):
-        return value.value
-    return value

@@ -255,3 +255,21 @@ def _check_range(spec: dataclasses.Field[Any], value: Any, key: str, source: str
         raise ConfigError(key, value, f"at least {lo}", source)
     if hi is not None and value > hi:
         raise ConfigError(key, value, f"at most {hi}", source)
+
+
+def plain_section(section: Any) -> dict[str, Any]:
+    """A section as plain data (as a file would set it), every set secret ``"<redacted>"``."""
+    return {
+        key: "<redacted>" if is_secret and value else _plain(value)
+        for key, (value, is_secret) in section_values(section).items()
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Path | TcpAddress):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
