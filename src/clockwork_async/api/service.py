@@ -1,5 +1,6 @@
 """What the client API server needs from the daemon: the `Requests` and `Admin` protocols, and
-the `InferOutcome` a request is answered with.
+the `InferOutcome` a request is answered with; and what every front end needs of that server
+(`RequestHost`).
 
 The server (`api.server`) speaks the wire protocol and enforces connection-level policy
 (authentication, scopes, caps, backpressure); everything about serving models is behind these
@@ -169,3 +170,42 @@ class Admin(Protocol):
 
 class Service(Requests, Admin, Protocol):
     """Both, in one object (tests' fakes)."""
+
+
+class ServerCaps(Protocol):
+    """The caps on requests in flight every front end applies."""
+
+    @property
+    def max_outstanding_per_connection(self) -> int: ...
+
+    @property
+    def max_outstanding_total(self) -> int: ...
+
+
+class RequestHost(Protocol):
+    """What every front end (a msgpack session, the v2 door) needs of the client API server
+    (`api.server.ApiServer` is one): its services, its limits and the counts it keeps."""
+
+    @property
+    def service(self) -> Admin: ...
+
+    @property
+    def requests(self) -> Requests: ...
+
+    @property
+    def limits(self) -> ServerCaps: ...
+
+    @property
+    def accepting_requests(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int: ...
+
+    @property
+    def routes(self) -> Mapping[str, ModelRoute]: ...
+
+    def request_started(self) -> None: ...
+
+    def request_ended(self) -> None: ...
+
+    def count_answer(self, protocol: str, status: str) -> None: ...

@@ -37,7 +37,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests, ServiceError
+from clockwork_async.api.service import (
+    InferOutcome,
+    ModelRoute,
+    RequestHost,
+    ServiceError,
+)
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import ArenaRefusal, IoArena, Slot
@@ -75,35 +80,16 @@ MAX_DEADLINE_DISTANCE_NS = 1 << 62  # about 146 years
 MAX_SLO_MS = MAX_DEADLINE_DISTANCE_NS / NS_PER_MS
 
 
-class _Limits(Protocol):
-    @property
-    def max_outstanding_per_connection(self) -> int: ...
+def route_to(routes: Mapping[str, ModelRoute], model: str) -> tuple[str, int]:
+    """The name ``model``'s current version is served under, and that version (the name
+    itself and 0 for a name without a route)."""
+    route = routes.get(model)
+    return (route.target, route.version) if route is not None else (model, 0)
 
-    @property
-    def max_outstanding_total(self) -> int: ...
 
-
-class SessionHost(Protocol):
-    """What a session needs of the server that owns it (`api.server.ApiServer` is one): its
-    services, its limits and the counts it keeps across sessions."""
-
-    @property
-    def service(self) -> Admin: ...
-
-    @property
-    def requests(self) -> Requests: ...
-
-    @property
-    def limits(self) -> _Limits: ...
-
-    @property
-    def accepting_requests(self) -> bool: ...
-
-    @property
-    def outstanding(self) -> int: ...
-
-    @property
-    def routes(self) -> Mapping[str, ModelRoute]: ...
+class SessionHost(RequestHost, Protocol):
+    """What a msgpack session needs besides: the IO arena, clocks, the upload budget, admin
+    tasks and the server's snapshot."""
 
     @property
     def io_arena(self) -> IoArena | None: ...
@@ -111,12 +97,6 @@ class SessionHost(Protocol):
     def now_ns(self) -> int: ...
 
     def unix_now_ns(self) -> int: ...
-
-    def request_started(self) -> None: ...
-
-    def request_ended(self) -> None: ...
-
-    def count_answer(self, protocol: str, status: str) -> None: ...
 
     def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
 
@@ -359,10 +339,7 @@ class ApiSession:
         self._requests.refuse(model, screened.reason, screened.frame_bytes, on_reply)
 
     def _route(self, model: str) -> tuple[str, int]:
-        """The name ``model``'s current version is served under, and that version (the name
-        itself and 0 for a name without a route)."""
-        route = self._server.routes.get(model)
-        return (route.target, route.version) if route is not None else (model, 0)
+        return route_to(self._server.routes, model)
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import Admin, InferOutcome, ModelRoute, Requests
-from clockwork_async.api.session import MAX_SLO_MS, slo_ms_to_ns
+from clockwork_async.api.service import InferOutcome, RequestHost
+from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
@@ -46,40 +46,11 @@ READY_STATES = frozenset({"ready", "loaded"})
 MAX_ROWS = 1024  # rows of one client batch, each a request of its own
 
 
-class _Limits(Protocol):
-    @property
-    def max_outstanding_total(self) -> int: ...
-
-
-class DoorHost(Protocol):
-    """What the door needs of the client API server (`api.server.ApiServer` is one)."""
-
-    @property
-    def service(self) -> Admin: ...
-
-    @property
-    def requests(self) -> Requests: ...
-
-    @property
-    def limits(self) -> _Limits: ...
+class DoorHost(RequestHost, Protocol):
+    """What the door needs of the client API server besides what every front end does."""
 
     @property
     def auth(self) -> TokenAuth: ...
-
-    @property
-    def accepting_requests(self) -> bool: ...
-
-    @property
-    def outstanding(self) -> int: ...
-
-    @property
-    def routes(self) -> Mapping[str, ModelRoute]: ...
-
-    def request_started(self) -> None: ...
-
-    def request_ended(self) -> None: ...
-
-    def count_answer(self, protocol: str, status: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +96,9 @@ class Door:
     def route(self, model: str, version: str | None) -> tuple[str, int]:
         """Where requests for ``model`` (at ``version``, if given) go: the served name and its
         version. Raises V2Error (``unknown_model``) for a version not served."""
-        route = self.host.routes.get(model)
         if version is None or version == "":
-            return (route.target, route.version) if route is not None else (model, 0)
+            return route_to(self.host.routes, model)
+        route = self.host.routes.get(model)
         if route is None or version != str(route.version):
             serving = f"; version {route.version} is" if route is not None else ""
             raise V2Error(
