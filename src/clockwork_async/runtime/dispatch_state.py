@@ -90,7 +90,9 @@ class CostCounters:
 
 
 class DispatcherHoldings:
-    """The dispatcher's state and lifecycle, and the read-only view of it (`Dispatcher`)."""
+    """The dispatcher's state and lifecycle, and the read-only view of it: the base of
+    `Dispatcher`, never used alone (the methods declared under TYPE_CHECKING are the request
+    path's)."""
 
     def __init__(
         self,

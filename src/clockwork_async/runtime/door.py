@@ -10,8 +10,9 @@ Invariants:
 - The door changes nothing it refuses for: `screen` and `_refusal` only read; a refused
   request is answered before `submit` (or `refuse`) returns, through the request book like
   every other answer.
-- A request's deadline is resolved once, here (`_deadline_ns`), for `submit` and `screen`
-  alike: its own SLO, else its Unix deadline, else its model's default SLO.
+- A request's deadline is resolved in one place (`_deadline_ns`), for `submit` and `screen`
+  alike: its Unix deadline if it has one, else its SLO, else its model's default SLO
+  (`DEFAULT_SLO_NS` for a model that is not served: it is refused anyway).
 """
 
 from __future__ import annotations
