@@ -11,6 +11,7 @@ test can check each request was answered exactly once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -139,6 +140,21 @@ class FakeService:
     async def remove_model(self, name: str) -> None:
         if self.models.pop(name, None) is None:
             raise ServiceError("unknown_model", f"no model {name!r}")
+
+    async def load_model(self, name: str) -> ModelStatus:
+        if self.add_gate is not None:
+            await self.add_gate.wait()
+        status = self.models.get(name)
+        if status is None:
+            raise ServiceError("unknown_model", f"no model {name!r} in the repository")
+        self.models[name] = status = dataclasses.replace(status, state="ready", reason="")
+        return status
+
+    async def unload_model(self, name: str) -> None:
+        status = self.models.get(name)
+        if status is None:
+            raise ServiceError("unknown_model", f"no model {name!r}")
+        self.models[name] = dataclasses.replace(status, state="unloaded", reason="unloaded")
 
     def stats(self) -> dict[str, object]:
         return {"submitted": len(self.submitted), "models": sorted(self.models)}

@@ -125,3 +125,29 @@ async def test_tokens_are_bearer_metadata(service: FakeService) -> None:
         np.testing.assert_array_equal(result.as_numpy("y"), x * 2)
     finally:
         await close(front)
+
+
+async def test_load_and_unload_need_the_admin_scope(service: FakeService) -> None:
+    front = await start(service, TokenAuth(infer_token=TOKEN, admin_token="admin-token-0123456"))
+    try:
+        for token, status in [("", "UNAUTHENTICATED"), (TOKEN, "PERMISSION_DENIED")]:
+            with pytest.raises(InferenceServerException) as raised:
+                await front.client.unload_model(
+                    "echo", headers={"authorization": f"Bearer {token}"}
+                )
+            assert raised.value.status() == f"StatusCode.{status}"
+        assert service.models["echo"].state == "ready"
+        admin = {"authorization": "Bearer admin-token-0123456"}
+        await front.client.unload_model("echo", headers=admin)
+        index = await front.client.get_model_repository_index(headers=admin, as_json=True)
+        assert {"name": "echo", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in (
+            index["models"]
+        )
+        await front.client.load_model("echo", headers=admin)
+        assert service.models["echo"].state == "ready"
+        with pytest.raises(InferenceServerException) as raised:
+            await front.client.load_model("nope", headers=admin)
+        assert raised.value.status() == "StatusCode.NOT_FOUND"
+        assert "unknown_model" in str(raised.value.message())
+    finally:
+        await close(front)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from .conftest import eventually
 from .fakes import FakeService
 
 TOKEN = "infer-token-0123456789"
+ADMIN = "admin-token-0123456789"
 CONFIG = HttpConfig(
     listen=TcpAddress("127.0.0.1", 0),
     max_body_bytes=4096,
@@ -522,4 +524,31 @@ async def test_the_repository_index_lists_the_served_models(front: Front) -> Non
         (name, "READY") for name in front.service.models
     }
     unload = await conn.ask(request("POST", "/v2/repository/models/echo/unload"))
-    assert unload.status == 404 and "only the index" in unload.json()["error"]  # type: ignore[index]
+    assert unload.status == 200 and unload.json() == {}
+    index = (await conn.ask(request("POST", "/v2/repository/index"))).json()
+    assert {"name": "echo", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"} in index  # type: ignore[operator]
+    load = await conn.ask(request("POST", "/v2/repository/models/echo/load", b"{}"))
+    assert load.status == 200 and front.service.models["echo"].state == "ready"
+    hold = front.service.models["hold"]
+    front.service.models["hold"] = dataclasses.replace(hold, state="profiling", reason="batch 4")
+    index = (await conn.ask(request("POST", "/v2/repository/index"))).json()
+    assert {"name": "hold", "version": "1", "state": "LOADING", "reason": "batch 4"} in index  # type: ignore[operator]
+    missing = await conn.ask(request("POST", "/v2/repository/models/nope/load"))
+    assert missing.status == 400 and missing.headers["clockwork-outcome"] == "unknown_model"
+    config = b'{"parameters": {"config": "{}"}}'
+    refused = await conn.ask(request("POST", "/v2/repository/models/echo/load", config))
+    assert refused.status == 400 and "not supported" in refused.json()["error"]  # type: ignore[index]
+
+
+async def test_load_and_unload_need_the_admin_scope(service: FakeService) -> None:
+    front = await start_front(service, TokenAuth(infer_token=TOKEN, admin_token=ADMIN))
+    try:
+        conn = await connect(front)
+        path = "/v2/repository/models/echo/unload"
+        assert (await conn.ask(request("POST", path))).status == 401
+        infer_only = await conn.ask(request("POST", path, authorization=f"Bearer {TOKEN}"))
+        assert infer_only.status == 403 and service.models["echo"].state == "ready"
+        admin = await conn.ask(request("POST", path, authorization=f"Bearer {ADMIN}"))
+        assert admin.status == 200 and service.models["echo"].state == "unloaded"
+    finally:
+        await front.close()

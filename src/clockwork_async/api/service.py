@@ -159,6 +159,17 @@ class Admin(Protocol):
         """Unregister and delete a model. Raises ServiceError."""
         ...
 
+    async def load_model(self, name: str) -> ModelStatus:
+        """Serve a model of the repository's folder (registered as a rescan would); returns
+        once it is ready, at once if it is served. Raises ServiceError (``unknown_model``: no
+        such folder; the registration's failure)."""
+        ...
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving a model but keep its folder (requests routed to it finish); a rescan
+        leaves it unloaded until a load. Raises ServiceError (``unknown_model``)."""
+        ...
+
     def stats(self) -> dict[str, object]:
         """A JSON-able snapshot of the daemon."""
         ...

@@ -29,13 +29,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope, TokenAuth
-from clockwork_async.api.service import InferOutcome, RequestHost
+from clockwork_async.api.service import InferOutcome, RequestHost, ServiceError
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.wire.messages import ModelStatus, TensorSpec
+from clockwork_async.wire.messages import ApiCode, ModelStatus, TensorSpec
 
 log = logging.getLogger("clockwork_async.api.v2")
 
@@ -43,6 +43,14 @@ NS_PER_US = 1_000
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 READY_STATES = frozenset({"ready", "loaded"})
+# The daemon's model states (`list_models`) as the repository index's; any other (failed,
+# cancelled, unloaded) is UNAVAILABLE.
+INDEX_STATE = {
+    "ready": "READY",
+    "loaded": "READY",
+    "registering": "LOADING",
+    "profiling": "LOADING",
+}
 MAX_ROWS = 1024  # rows of one client batch, each a request of its own
 
 
@@ -78,9 +86,10 @@ class Door:
 
     # --- who may ----------------------------------------------------------------------------
 
-    def authorize(self, authorization: str | None) -> None:
-        """Check an ``Authorization: Bearer TOKEN`` value for the ``infer`` scope. Raises
-        V2Error (``unauthorized``)."""
+    def authorize(self, authorization: str | None, scope: Scope = Scope.INFER) -> None:
+        """Check an ``Authorization: Bearer TOKEN`` value for ``scope`` (``admin``: loading
+        and unloading models, as the msgpack API's admin verbs). Raises V2Error
+        (``unauthorized``: no token or a wrong one; ``forbidden``: a token without the scope)."""
         if not self.host.auth.enabled:
             return
         token = ""
@@ -88,8 +97,10 @@ class Door:
             scheme, _, value = authorization.strip().partition(" ")
             token = value.strip() if scheme.lower() == "bearer" else ""
         scopes = self.host.auth.scopes(token)
-        if scopes is None or Scope.INFER not in scopes:
-            raise V2Error(UNAUTHORIZED, "a bearer token with the infer scope is required")
+        if scopes is None:
+            raise V2Error(UNAUTHORIZED, f"a bearer token with the {scope} scope is required")
+        if scope not in scopes:
+            raise V2Error(ApiCode.FORBIDDEN, f"this needs a token with the {scope} scope")
 
     # --- infer --------------------------------------------------------------------------------
 
@@ -226,16 +237,35 @@ class Door:
         return self.host.accepting_requests and status.state in READY_STATES
 
     def repository_index(self, ready_only: bool) -> list[dict[str, str]]:
-        """The repository extension's index: every served model, its version and state
-        (``READY`` or the daemon's word for it, upper-cased: ``PROFILING``, ``FAILED`` ... for
-        a registration not served, with its reason)."""
+        """The repository extension's index: every model the daemon knows, its version and
+        state: ``READY`` (served), ``LOADING`` (a registration in progress) or ``UNAVAILABLE``
+        (a registration that failed or was cancelled, or a model unloaded), with the reason."""
         index = []
         for status in self.host.service.list_models():
-            state = "READY" if status.state in READY_STATES else status.state.upper()
+            state = INDEX_STATE.get(status.state, "UNAVAILABLE")
             if state == "READY" or not ready_only:
                 entry = {"name": status.name, "version": str(status.version or 1)}
                 index.append({**entry, "state": state, "reason": status.reason})
         return index
+
+    async def load(self, model: str) -> None:
+        """The repository extension's load: serve ``model`` from the daemon's models folder;
+        returns once it is served. Raises V2Error (``unknown_model``: not in the folder; the
+        registration's failure with its code and reason)."""
+        if not self.host.accepting_requests:
+            raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
+        try:  # shielded: a client that goes away does not stop the load half done
+            await asyncio.shield(self.host.service.load_model(model))
+        except ServiceError as error:
+            raise V2Error(error.code, error.message) from None
+
+    async def unload(self, model: str) -> None:
+        """The repository extension's unload: stop serving ``model``, keep its files (requests
+        routed to it finish first). Raises V2Error (``unknown_model``)."""
+        try:  # shielded: a client that goes away does not stop the unload half done
+            await asyncio.shield(self.host.service.unload_model(model))
+        except ServiceError as error:
+            raise V2Error(error.code, error.message) from None
 
     def model_metadata(self, model: str, version: str | None) -> dict[str, Any]:
         """The protocol's model metadata object. Raises V2Error."""

@@ -4,7 +4,8 @@ served by grpcio's asyncio server on the daemon's own event loop.
 The messages and the service's stubs are the ones generated from the published proto and
 shipped by tritonclient (``tritonclient.grpc.service_pb2``, ``service_pb2_grpc``), not written
 here. Served: ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata,
-RepositoryIndex and ModelInfer (tensors as ``raw_input_contents`` or typed ``contents``;
+RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload (``admin`` scope) and
+ModelInfer (tensors as ``raw_input_contents`` or typed ``contents``;
 outputs always as ``raw_output_contents``, as Triton answers); every other method answers
 UNIMPLEMENTED (the base servicer's).
 
@@ -28,6 +29,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from clockwork_async.api.auth import Scope
 from clockwork_async.api.v2_config import GrpcConfig
 from clockwork_async.api.v2_door import EXTENSIONS, PLATFORM, Door, slo_ns_of, tensor_metadata
 from clockwork_async.api.v2_status import BAD_REQUEST, GRPC_CODE, V2Error
@@ -157,6 +159,36 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
         return pb.RepositoryIndexResponse(
             models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in index]
         )
+
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._repository(request, context, "load")
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await self._repository(request, context, "unload")
+        return pb.RepositoryModelUnloadResponse()
+
+    async def _repository(
+        self, request: Any, context: grpc.aio.ServicerContext, action: str
+    ) -> None:
+        """Load or unload ``request.model_name`` (``admin`` scope); aborts the call with the
+        refusal (``NOT_FOUND``: no such model in the folder)."""
+        metadata = dict(context.invocation_metadata() or ())
+        try:
+            self._door.authorize(metadata.get("authorization"), Scope.ADMIN)
+            others = sorted(name for name in request.parameters if name != "unload_dependents")
+            if others:
+                why = (
+                    f"{action} takes the model's own folder; parameters {others} are not supported"
+                )
+                raise V2Error(BAD_REQUEST, why)
+            if action == "load":
+                await self._door.load(request.model_name)
+            else:
+                await self._door.unload(request.model_name)
+        except V2Error as error:
+            log.info("repository %s of %r refused: %s", action, request.model_name, error.text)
+            await _abort(context, error)
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         metadata = dict(context.invocation_metadata() or ())

@@ -4,8 +4,9 @@ this returns.
 
 Invariants: every answer is JSON (an infer's may be followed by binary outputs), an error one
 being ``{"error": "code: sentence"}`` with the status of `v2_door.HTTP_STATUS` and a
-``clockwork-outcome`` header naming the code; health answers need no token, everything else
-the ``infer`` scope when tokens are configured; an infer echoes the request's ``id`` in its
+``clockwork-outcome`` header naming the code; health answers need no token, a model's load
+and unload the ``admin`` scope, everything else the ``infer`` scope when tokens are
+configured; an infer echoes the request's ``id`` in its
 body and its ``traceparent`` header in its headers, and both go into the log line of its
 answer.
 """
@@ -20,6 +21,7 @@ from urllib.parse import unquote
 
 import httptools
 
+from clockwork_async.api.auth import Scope
 from clockwork_async.api.v2_door import Door, slo_ns_of
 from clockwork_async.api.v2_status import (
     BAD_REQUEST,
@@ -67,11 +69,15 @@ def json_response(status: int, document: Any, *headers: tuple[str, str]) -> Http
     return HttpResponse(status, EncodedResponse(data), headers)
 
 
-def error_response(error: V2Error, *headers: tuple[str, str]) -> HttpResponse:
+def error_response(
+    error: V2Error, *headers: tuple[str, str], status: int | None = None
+) -> HttpResponse:
+    """``error`` as the protocol's error object, with its HTTP status (or ``status``)."""
     more = [*headers, ("clockwork-outcome", error.code)]
     if error.code == Outcome.OVERLOADED:
         more.append(("retry-after", str(RETRY_AFTER_S)))
-    return HttpResponse(error.http_status, EncodedResponse(error_body(error.text)), tuple(more))
+    body = EncodedResponse(error_body(error.text))
+    return HttpResponse(status or error.http_status, body, tuple(more))
 
 
 def route(door: Door, request: HttpRequest) -> HttpResponse | Any:
@@ -116,19 +122,52 @@ def _dispatch(door: Door, request: HttpRequest, parts: list[str]) -> HttpRespons
     return infer(door, request, model, version)
 
 
-def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpResponse:
-    """The model repository extension: its index; load and unload are not offered (models
-    change through the msgpack API's add_model/remove_model, docs/protocol-v2.md)."""
+def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpResponse | Any:
+    """The model repository extension: its index (``infer`` scope), and a model's load and
+    unload (``admin`` scope; a coroutine, answered once the daemon has done it)."""
+    if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
+        door.authorize(request.headers.get("authorization"), Scope.ADMIN)
+        _method(request, "POST")
+        return _load_or_unload(door, rest[1], rest[2], _json_object(request, rest[2]))
     door.authorize(request.headers.get("authorization"))
     _method(request, "POST")
     if rest != ["index"]:
-        raise V2Error(NOT_FOUND, "of the repository extension only the index is served")
-    try:
-        options = json.loads(bytes(request.body) or b"{}")
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise V2Error(BAD_REQUEST, "the index request is not valid JSON") from None
-    ready_only = isinstance(options, dict) and options.get("ready") is True
+        raise V2Error(NOT_FOUND, f"no such endpoint: /v2/repository/{'/'.join(rest)}")
+    ready_only = _json_object(request, "index").get("ready") is True
     return json_response(200, door.repository_index(ready_only))
+
+
+def _json_object(request: HttpRequest, what: str) -> dict[str, Any]:
+    """The request's body as a JSON object (an empty body is ``{}``). Raises V2Error."""
+    try:
+        document = json.loads(bytes(request.body) or b"{}")
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise V2Error(BAD_REQUEST, f"the {what} request is not valid JSON") from None
+    if not isinstance(document, dict):
+        raise V2Error(BAD_REQUEST, f"the {what} request must be a JSON object")
+    return document
+
+
+async def _load_or_unload(
+    door: Door, model: str, action: str, document: dict[str, Any]
+) -> HttpResponse:
+    """Load or unload ``model``: 200 ``{}`` once done. A model that is not in the folder (or
+    not served) is 400, as Triton answers a failed load; ``config`` and file parameters (a
+    load from other files) are refused."""
+    parameters = document.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        return error_response(V2Error(BAD_REQUEST, "parameters must be a JSON object"))
+    others = sorted(name for name in parameters if name != "unload_dependents")
+    if others:
+        why = f"{action} takes the model's own folder; parameters {others} are not supported"
+        return error_response(V2Error(BAD_REQUEST, why))
+    try:
+        await (door.load(model) if action == "load" else door.unload(model))
+    except V2Error as error:
+        log.info("repository %s of %r refused: %s", action, model, error.text)
+        status = 400 if error.code == Outcome.UNKNOWN_MODEL else error.http_status
+        return error_response(error, status=status)
+    return json_response(200, {})
 
 
 def _model_path(rest: list[str]) -> tuple[str, str | None, str]:

@@ -32,6 +32,7 @@ HTTP_STATUS: Mapping[str, int] = {
     BAD_REQUEST: 400,
     UNAUTHORIZED: 401,
     ApiCode.FORBIDDEN: 403,
+    ApiCode.BAD_MODEL: 400,  # a load whose model cannot be registered
     Outcome.UNKNOWN_MODEL: 404,
     NOT_FOUND: 404,
     METHOD_NOT_ALLOWED: 405,
@@ -55,6 +56,7 @@ GRPC_CODE: Mapping[str, str] = {
     BAD_REQUEST: "INVALID_ARGUMENT",
     UNAUTHORIZED: "UNAUTHENTICATED",
     ApiCode.FORBIDDEN: "PERMISSION_DENIED",
+    ApiCode.BAD_MODEL: "INVALID_ARGUMENT",
     Outcome.UNKNOWN_MODEL: "NOT_FOUND",
     NOT_FOUND: "UNIMPLEMENTED",
     METHOD_NOT_ALLOWED: "UNIMPLEMENTED",

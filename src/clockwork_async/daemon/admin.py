@@ -8,12 +8,15 @@ Invariants:
   ``NAME-{copies-1}``); ``_served`` maps folder -> entry, ``_instances`` instance ->
   RegisteredModel and ``routes`` instance -> where its requests go, and all three change only
   together, in one step with no await inside, under ``_lock``, which serialises every
-  registration change (add, replace, remove, rescan) so two never interleave.
+  registration change (add, replace, remove, rescan, load, unload) so two never interleave.
 - Version 1 of an instance is served under its own name, version N > 1 under ``NAME@vN``
   (``@`` is not allowed in model names, so no folder can take it). A replace registers the new
   version beside the old, then switches ``routes`` in one step: no request finds the name
   unserved; requests routed before the switch finish on the old version, which is
-  unregistered once none is left (or after `RETIRE_TIMEOUT_S`).
+  unregistered once none is left (`daemon.retiring`).
+- An unloaded folder (the v2 repository extension's unload) keeps its files and is
+  remembered in ``_unloaded`` so a rescan does not register it again; a load, an add or a
+  remove forgets it. The memory is the process's: a restarted daemon serves every folder.
 - Repository I/O runs in a worker thread; the event loop never blocks on a disk.
 - A registration that fails leaves nothing behind: instances already registered are
   unregistered, and a replaced model's old files are put back (its registration was kept).
@@ -38,7 +41,8 @@ from clockwork_async import build
 from clockwork_async.api.service import Health, ModelRoute, ServiceError
 from clockwork_async.daemon.metrics import Metrics
 from clockwork_async.daemon.registration_jobs import Job, JobError, Jobs, JobState, job_status
-from clockwork_async.models.profile_cache import ProfileCache
+from clockwork_async.daemon.registration_settings import Registration
+from clockwork_async.daemon.retiring import drop, retire
 from clockwork_async.models.repository import (
     ModelEntry,
     ModelNotFound,
@@ -54,7 +58,8 @@ from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 log = logging.getLogger(__name__)
 
-RETIRE_TIMEOUT_S = 30.0  # a replaced version's queued requests may take this long to finish
+UNLOADED = "unloaded"  # the state `list_models` gives a folder unloaded through the v2 API
+UNLOADED_REASON = "unloaded by a client; its folder is kept (a load serves it again)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +79,6 @@ class RescanReport:
     def problems(self) -> str:
         skipped = "; ".join(f"{problem.folder} ({problem.reason})" for problem in self.skipped)
         return f"failed {list(self.failed)}, skipped [{skipped}]"
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """How the daemon registers repository models on its executors."""
-
-    cache: ProfileCache
-    machine_for: Callable[[ModelEntry], str]  # profile cache key: CPU, backend, runtime, ...
-    budget_bytes: int  # host weights, one copy per content hash
-    path_for: Callable[[ModelEntry], str]  # what executors are told to register
-    max_concurrent: int = 2  # registration jobs at once (profiler.max_concurrent)
 
 
 class DaemonService:
@@ -107,6 +101,7 @@ class DaemonService:
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._jobs = Jobs(registration.max_concurrent)
+        self._unloaded: dict[str, int] = {}  # folder -> version: unloaded, not rescanned
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
         self.on_change: Callable[[], None] = _nothing  # after every add, remove and rescan
@@ -123,7 +118,11 @@ class DaemonService:
             for name, model in sorted(self._instances.items())
         ]
         jobs = [job_status(job) for job in self._jobs.all() if job.state is not JobState.READY]
-        return sorted(served + jobs, key=lambda status: (status.name, status.version))
+        unloaded = [
+            ModelStatus(name, name, UNLOADED, version=version, reason=UNLOADED_REASON)
+            for name, version in self._unloaded.items()
+        ]
+        return sorted(served + jobs + unloaded, key=lambda status: (status.name, status.version))
 
     def _status(self, instance: str, loaded_on: tuple[str, ...]) -> ModelStatus:
         model = self._instances[instance]
@@ -189,11 +188,14 @@ class DaemonService:
             old = self._served.get(name)
             if not replace:
                 await self._check_name_free(name, old)
-            self._check_budget(name, hashlib.sha256(onnx_bytes).hexdigest(), len(onnx_bytes))
+            self._registration.check_budget(
+                self._served, name, hashlib.sha256(onnx_bytes).hexdigest(), len(onnx_bytes)
+            )
             old_files = await asyncio.to_thread(_read_files, old) if old is not None else None
             version = old.version + 1 if old is not None else 1
             entry = await self._store(name, onnx_bytes, model_toml, version)
             job = self._jobs.start(name, version, partial(self._add_job, entry, old, old_files))
+            self._unloaded.pop(name, None)
             self.on_change()
         if not wait:
             return job_status(job)
@@ -221,7 +223,7 @@ class DaemonService:
             if isinstance(error, ServiceError):
                 raise JobError(error.code, error.message) from None
             raise
-        await self._retire(retired)
+        await retire(self._driver, self._metrics.instance_aliases, retired)
 
     async def cancel_registration(self, name: str) -> ModelStatus:
         """Cancel the running registration of ``name``; returns its job's status once nothing
@@ -288,40 +290,6 @@ class DaemonService:
         except ServiceError as error:
             log.error("the replaced model %r could not be put back on disk: %s", name, error)
 
-    async def _retire(self, models: list[RegisteredModel]) -> None:
-        """Unregister replaced versions once the requests routed to them are answered: their
-        queued ones here, their running ones in `Driver.unregister_model`."""
-        if not models:
-            return
-        names = {model.name for model in models}
-        answered = asyncio.Event()
-
-        def on_outcome(model: str, *_: object) -> None:
-            if model in names:
-                answered.set()
-
-        listeners = self._driver.outcome_listeners
-        listeners.append(on_outcome)  # only while retiring: not on every request's way
-        try:
-            async with asyncio.timeout(RETIRE_TIMEOUT_S):
-                while self._queued(names):
-                    answered.clear()
-                    await answered.wait()
-        except TimeoutError:
-            log.warning("replaced %s: queued requests left after %.0f s", names, RETIRE_TIMEOUT_S)
-        finally:
-            listeners.remove(on_outcome)
-        for model in models:
-            await self._drop(model.name)
-
-    def _queued(self, names: set[str]) -> int:
-        return sum(m.queued for m in self._driver.snapshot().models if m.name in names)
-
-    async def _drop(self, target: str) -> None:
-        self._metrics.instance_aliases.pop(target, None)
-        with contextlib.suppress(KeyError):  # already gone
-            await self._driver.unregister_model(target)
-
     async def remove_model(self, name: str) -> None:
         """Unregister every instance of folder ``name`` (queued requests are answered
         ``unknown_model``, running ones finish), then delete the folder. Raises ServiceError."""
@@ -331,6 +299,7 @@ class DaemonService:
         async with self._lock, self._changing():
             self._check_not_instance(name)
             self._jobs.forget(name)
+            self._unloaded.pop(name, None)
             entry = self._served.get(name)
             if entry is not None:
                 await self._unregister(entry)
@@ -342,22 +311,79 @@ class DaemonService:
             except RepositoryError as error:
                 raise ServiceError(error.code, str(error)) from None
 
+    async def load_model(self, name: str) -> ModelStatus:
+        """Serve folder ``name`` of the repository (the v2 repository extension's load):
+        register it in a job, as a rescan would, and return its first instance's status once it
+        is ready; a served model is answered at once, a running registration waited for. It is
+        no longer remembered as unloaded. Raises ServiceError (``unknown_model``: no such
+        folder; the job's failure)."""
+        async with self._lock:
+            self._check_not_instance(name)
+            job = self._jobs.running(name)
+            if job is None and name not in self._served:
+                folder = await self._folder(name)
+                job = self._jobs.start(name, folder.version, partial(self._rescan_job, folder))
+                self.on_change()
+            self._unloaded.pop(name, None)
+        if job is not None:
+            await job.done.wait()
+            if job.state is not JobState.READY:
+                raise ServiceError(job.code, job.reason)
+        served = self._served.get(name)
+        if served is None:
+            raise ServiceError(ApiCode.UNKNOWN_MODEL, f"model {name!r} was removed meanwhile")
+        return self._status(served.instances[0], ())
+
+    async def unload_model(self, name: str) -> None:
+        """Stop serving folder ``name`` but keep its files (the v2 repository extension's
+        unload): a running registration of it is cancelled, its routes go at once (new
+        requests are ``unknown_model``), requests already routed to it finish, and it is
+        remembered as unloaded, so a rescan leaves it alone until a load or an add. Raises
+        ServiceError (``unknown_model``: neither served nor a folder)."""
+        with contextlib.suppress(KeyError):  # a registration of it: cancelled, and undone
+            await self._jobs.cancel(name, "its model was unloaded")
+        async with self._lock, self._changing():
+            self._check_not_instance(name)
+            entry = self._served.pop(name, None)
+            version = entry.version if entry is not None else (await self._folder(name)).version
+            self._jobs.forget(name)
+            self._unloaded[name] = version
+            models = []
+            for instance in entry.instances if entry is not None else ():
+                self.routes.pop(instance, None)
+                models.append(self._instances.pop(instance))
+            await retire(self._driver, self._metrics.instance_aliases, models)
+        log.info("model %r version %d unloaded (its folder is kept)", name, version)
+
+    async def _folder(self, name: str) -> ModelEntry:
+        """Folder ``name`` of the repository, read. Raises ServiceError."""
+        try:
+            return await asyncio.to_thread(self._repository.get, name)
+        except RepositoryError as error:
+            raise ServiceError(error.code, str(error)) from None
+
     async def rescan(self) -> RescanReport:
         """Bring the served models in line with the repository: unregister removed or changed
         folders, register new or changed ones (each a job; at most ``max_concurrent`` at once;
-        names being registered are left alone). Failures are logged and reported."""
+        names being registered, and unloaded ones, are left alone). Failures are logged and
+        reported."""
         async with self._lock, self._changing():
             scan = await asyncio.to_thread(self._repository.scan_report)
             for problem in scan.problems:
                 log.warning("model folder %r skipped: %s", problem.folder, problem.reason)
             entries = {entry.name: entry for entry in scan.entries}
+            folders = {*entries, *(problem.folder for problem in scan.problems)}
+            for name in set(self._unloaded) - folders:  # its folder is gone: forget it
+                del self._unloaded[name]
             removed = [name for name, old in self._served.items() if entries.get(name) != old]
             for name in removed:
                 await self._unregister(self._served[name])
             jobs = [
                 self._jobs.start(name, entry.version, partial(self._rescan_job, entry))
                 for name, entry in entries.items()
-                if name not in self._served and self._jobs.running(name) is None
+                if name not in self._served
+                and self._jobs.running(name) is None
+                and name not in self._unloaded
             ]
         for job in jobs:
             await job.done.wait()
@@ -376,27 +402,14 @@ class DaemonService:
 
     # --- registration ----------------------------------------------------------------------------
 
-    def _check_budget(self, name: str, sha256: str, size_bytes: int) -> None:
-        """Raises ServiceError(unavailable) if weights would go over the host budget."""
-        by_hash = {e.sha256: e.size_bytes for n, e in self._served.items() if n != name}
-        by_hash[sha256] = size_bytes
-        total_bytes = sum(by_hash.values())
-        budget_bytes = self._registration.budget_bytes
-        if total_bytes > budget_bytes:
-            raise ServiceError(
-                ApiCode.UNAVAILABLE,
-                f"model {name!r} ({size_bytes} bytes) would put host weights at {total_bytes} "
-                f"bytes, over the budget of {budget_bytes} (repository.weights_budget_bytes)",
-            )
-
     async def _register(self, entry: ModelEntry, job: Job) -> None:
         """Register every instance of ``entry`` (profiled once, from the cache if there) and
         route its names to them (`_switch`, and ``job`` ready in the same step); all or none.
         Raises ServiceError."""
-        self._check_budget(entry.name, entry.sha256, entry.size_bytes)
+        self._registration.check_budget(self._served, entry.name, entry.sha256, entry.size_bytes)
         if not any(executor.up for executor in self._driver.snapshot().executors):
             raise ServiceError(ApiCode.UNAVAILABLE, f"cannot register {entry.name!r}: no executor")
-        cached = await asyncio.to_thread(self._cached_profile, entry)
+        cached = await asyncio.to_thread(self._registration.cached_profile, entry)
         profile = cached
         done: list[RegisteredModel] = []
         try:
@@ -410,7 +423,7 @@ class DaemonService:
                 await self._driver.unregister_model(model.name)
             raise
         if profile is not None and profile != cached:
-            await asyncio.to_thread(self._store_profile, entry, profile)
+            await asyncio.to_thread(self._registration.store_profile, entry, profile)
         self._switch(entry, done)
         job.move(JobState.READY, time.monotonic_ns())
         log.info(
@@ -465,21 +478,8 @@ class DaemonService:
             self.routes.pop(instance, None)
             model = self._instances.pop(instance, None)
             if model is not None:
-                await self._drop(model.name)
+                await drop(self._driver, self._metrics.instance_aliases, model.name)
         log.info("model %r unregistered", entry.name)
-
-    def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
-        machine = self._registration.machine_for(entry)
-        return self._registration.cache.get(
-            entry.profile_key, machine, RegistrationProfile.from_json
-        )
-
-    def _store_profile(self, entry: ModelEntry, profile: RegistrationProfile) -> None:
-        machine = self._registration.machine_for(entry)
-        try:
-            self._registration.cache.put(entry.profile_key, machine, profile.to_json())
-        except OSError as error:
-            log.warning("profile of %r not cached: %s", entry.name, error)
 
 
 def _nothing() -> None:
