@@ -8,13 +8,17 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; a client batch of N rows is submitted as N requests and answered as one
-(`api.v2_rows`).
+(`api.v2_rows`). Where the daemon has an IO arena, each row's tensors are copied once into a
+slot of their own (`api.v2_arena`), as the msgpack API reads its tensors into one, so local
+executors read them by reference.
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
-until its one outcome; a caller that goes away (its task cancelled) cancels its request once;
-every refusal is a `V2Error` whose ``code`` is an outcome or `ApiCode` value (or one of the
-front ends' own codes below), mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and
-`GRPC_CODE`; the earliest of the SLOs a request gives wins.
+until its one outcome; a row's arena slot is released exactly once: with its outcome (after
+its outputs are copied out), or before submit when the request is refused; a caller that
+goes away (its task cancelled) cancels its request once; every refusal is a `V2Error`
+whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
+mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
+of the SLOs a request gives wins.
 """
 
 from __future__ import annotations
@@ -31,10 +35,12 @@ import numpy as np
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.service import InferOutcome, RequestHost, ServiceError
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
+from clockwork_async.api.v2_arena import detach, into_slots
 from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.wire.messages import ApiCode, ModelStatus, TensorSpec
 
 log = logging.getLogger("clockwork_async.api.v2")
@@ -59,6 +65,9 @@ class DoorHost(RequestHost, Protocol):
 
     @property
     def auth(self) -> TokenAuth: ...
+
+    @property
+    def io_arena(self) -> IoArena | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,11 +133,14 @@ class Door:
         slo_ns: int | None,
         nbytes: int,
         build: Callable[[], Mapping[str, np.ndarray]],
+        owner: object = None,
     ) -> Answer:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
-        ``build()`` its tensors and submit them; returns its outcome. Raises V2Error for a
-        refusal before the request path (shutting down, over the cap, a bad version or
-        tensors); cancelling the awaiting task cancels the request."""
+        ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
+        connection: the share is per connection; `api.v2_arena`) where the daemon has an
+        arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
+        request path (shutting down, over the cap, a bad version or tensors, no room in the
+        arena); cancelling the awaiting task cancels the request."""
         host = self.host
         if not host.accepting_requests:
             raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
@@ -144,10 +156,16 @@ class Door:
             except TensorError as error:
                 raise V2Error(Outcome.BAD_INPUT, str(error)) from None
         rows = self._rows(model, inputs)
+        arena = host.io_arena
+        placed = (
+            into_slots(arena, owner if owner is not None else self, rows)
+            if arena is not None and reason is None
+            else [(row, None) for row in rows]
+        )
         tickets = [_Ticket() for _ in rows]
         futures = [
-            self._start(target, row, slo_ns, reason, nbytes, t)
-            for row, t in zip(rows, tickets, strict=True)
+            self._start(target, row, slo_ns, reason, nbytes, t, slot)
+            for (row, slot), t in zip(placed, tickets, strict=True)
         ]
         try:
             if len(futures) == 1:  # one row (most requests): no gathering future around it
@@ -186,8 +204,11 @@ class Door:
         reason: str | None,
         nbytes: int,
         ticket: _Ticket,
+        slot: Slot | None = None,
     ) -> asyncio.Future[InferOutcome]:
-        """Submit one row (or refuse it with the screen's ``reason``); its outcome's future."""
+        """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
+        ``slot``: the arena slot the row's inputs are in, released once with its outcome (its
+        outputs copied out of the slot first), whoever awaits it or not."""
         host = self.host
         future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
         host.request_started()
@@ -197,16 +218,26 @@ class Door:
                 return
             ticket.done = True
             host.request_ended()
+            if slot is not None:
+                if host.io_arena is not None:
+                    outcome = detach(outcome, host.io_arena)
+                slot.release()
             if not future.done():
                 future.set_result(outcome)
 
         if reason is not None:
             host.requests.refuse(target, reason, nbytes, on_reply)
-        else:
+            return future
+        in_slot = {} if slot is None else {"slot": slot}
+        try:
             service_id = host.requests.submit(
-                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply
+                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply, **in_slot
             )
-            ticket.service_id = None if ticket.done else service_id
+        except BaseException:
+            if slot is not None and not ticket.done:
+                slot.release()
+            raise
+        ticket.service_id = None if ticket.done else service_id
         return future
 
     def count(self, status: str) -> None:

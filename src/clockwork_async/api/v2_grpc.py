@@ -201,7 +201,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             slo_ns = slo_ns_of(_parameters(request.parameters), context.time_remaining())
             nbytes = request.ByteSize()
             answer = await self._door.infer(
-                model, request.model_version or None, slo_ns, nbytes, lambda: _inputs(request)
+                model,
+                request.model_version or None,
+                slo_ns,
+                nbytes,
+                lambda: _inputs(request),
+                context.peer(),  # its connection: what its IO arena slots count against
             )
             outcome = answer.outcome
             if outcome.outcome not in (Outcome.OK, Outcome.LATE):

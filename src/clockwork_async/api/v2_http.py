@@ -179,7 +179,7 @@ class _HttpConnection(asyncio.Protocol):
     # --- parser callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
-        self._request = HttpRequest()
+        self._request = HttpRequest(owner=self)
         self._arm(self._config.request_timeout_s)
 
     def on_url(self, url: bytes) -> None:

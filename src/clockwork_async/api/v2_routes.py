@@ -55,6 +55,7 @@ class HttpRequest:
     body: bytearray = field(default_factory=bytearray)
     keep_alive: bool = True
     head_bytes: int = 0
+    owner: object = None  # its connection: what its IO arena slots count against
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,12 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
         request_id = header.id
         slo_ns = slo_ns_of(header.parameters)
         answer = await door.infer(
-            model, version, slo_ns, body.nbytes, lambda: build_inputs(header, body[json_bytes:])
+            model,
+            version,
+            slo_ns,
+            body.nbytes,
+            lambda: build_inputs(header, body[json_bytes:]),
+            request.owner,
         )
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):
