@@ -94,6 +94,20 @@ async def test_http_rows_are_copied_once_into_a_slot_released_with_the_answer(
     assert fronts.arena.used_bytes == 0 and fronts.arena.live_slots == 0
 
 
+async def test_a_binary_body_is_read_into_the_slot_its_row_keeps(
+    fronts: Fronts, service: FakeService
+) -> None:
+    x = np.arange(4, dtype=np.float32)[None]
+    y = await asyncio.to_thread(http_infer, fronts.http, "echo", x)
+    np.testing.assert_array_equal(y, x * 2)
+    ((submitted),) = service.submitted
+    assert isinstance(submitted.slot, Slot)
+    offset = fronts.arena.offset_of(submitted.inputs["x"])
+    assert offset is not None and offset % 64 == 0
+    assert offset > submitted.slot.offset  # after the body's JSON header, in the same slot
+    assert fronts.arena.used_bytes == 0 and fronts.arena.refusals.total() == 0
+
+
 async def test_http_full_arena_is_overloaded_and_too_large_is_bad_input(
     fronts: Fronts, service: FakeService
 ) -> None:

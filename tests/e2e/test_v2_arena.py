@@ -90,20 +90,31 @@ async def test_clients_gone_mid_body_or_mid_request_and_cancelled_calls_leave_no
         warm = await client.infer("tiny", {"input": np.ones((1, 4), np.float32)}, slo_ms=20_000)
         assert warm.ok, warm
     tensor = {"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
-    body = json.dumps({"inputs": [tensor]}).encode()
-    head = f"POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n\r\n"
+    json_body = json.dumps({"inputs": [tensor]}).encode()
+    binary = {**tensor, "parameters": {"binary_data_size": 16}}
+    del binary["data"]
+    header = json.dumps({"inputs": [binary]}).encode()
+    binary_body = header + np.ones(4, np.float32).tobytes()
     host, port = http.rsplit(":", 1)
 
-    def gone(cut_bytes: int, wait_s: float) -> None:
+    def gone(body: bytes, cut_bytes: int, wait_s: float, *headers: str) -> int:
+        """Send ``body`` less its last ``cut_bytes``, wait, go; the arena's bytes in use."""
+        head = "".join(f"{line}\r\n" for line in (f"content-length: {len(body)}", *headers))
+        start = f"POST /v2/models/tiny/infer HTTP/1.1\r\nhost: x\r\n{head}\r\n".encode()
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(head.encode() + body[: len(body) - cut_bytes])
+            sock.sendall(start + body[: len(body) - cut_bytes])
             time.sleep(wait_s)  # read by the daemon (and, whole, its request running)
+            return arena.used_bytes
 
     sent = _spy_infers(slow_daemon)
-    await asyncio.to_thread(gone, 10, 0.2)  # mid-body
+    await asyncio.to_thread(gone, json_body, 10, 0.2)  # mid-body
     await _until_empty(arena)
-    await asyncio.to_thread(gone, 0, 0.01)  # whole, then gone while it runs
+    length = f"inference-header-content-length: {len(header)}"
+    assert await asyncio.to_thread(gone, binary_body, 8, 0.2, length)  # mid-body, in a slot
     await _until_empty(arena)
+    for body, more in ((json_body, ()), (binary_body, (length,))):
+        await asyncio.to_thread(gone, body, 0, 0.01, *more)  # whole, then gone while it runs
+        await _until_empty(arena)
 
     grpc_client = triton_aio.InferenceServerClient(grpc)
     try:

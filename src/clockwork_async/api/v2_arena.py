@@ -9,6 +9,9 @@ Invariants:
   one row's outputs, so rows must not share one.
 - Each input sits at a 64-byte aligned offset in its slot, in the row's order, a C-contiguous
   array of the row's dtype and shape: exactly what `runtime.batching.input_refs` takes.
+- An HTTP body may be read straight into a slot (`BodyInSlot`, one copy from httptools'
+  chunks); the door takes it over and keeps it as the row's slot when the request is one row
+  whose inputs are all aligned views of it, else copies the rows out and releases it.
 - All or nothing: when any row finds no room (the arena full, or the connection over its
   share: ``overloaded``; a row larger than one connection may hold: ``bad_input``, as the
   msgpack API refuses them), the slots already leased for the request are released before
@@ -43,10 +46,21 @@ def row_layout(row: Row) -> tuple[list[int], int]:
     return offsets, total_bytes
 
 
-def into_slots(arena: IoArena, owner: object, rows: Sequence[Row]) -> list[tuple[Row, Slot | None]]:
+def into_slots(
+    arena: IoArena, owner: object, rows: Sequence[Row], body: Slot | None = None
+) -> list[tuple[Row, Slot | None]]:
     """Each row copied once into a slot leased for ``owner`` (a row without bytes keeps its
-    arrays and no slot). Raises V2Error (``overloaded``, ``bad_input``) having released every
-    slot it leased."""
+    arrays and no slot). ``body``: a slot the request's body was read into (`BodyInSlot`),
+    taken over: a request of one row whose every input is an aligned view of it keeps it as
+    its slot, no copy; otherwise it is released once the rows are copied. Raises V2Error
+    (``overloaded``, ``bad_input``) having released every slot it leased, and ``body``."""
+    if body is not None:
+        if len(rows) == 1 and all(_in_slot(arena, body, a) for a in rows[0].values()):
+            return [(rows[0], body)]
+        try:
+            return into_slots(arena, owner, rows)
+        finally:
+            body.release()  # the rows are copied out of it (or refused)
     placed: list[tuple[Row, Slot | None]] = []
     try:
         for row in rows:
@@ -75,6 +89,68 @@ def _into_slot(arena: IoArena, owner: object, row: Row) -> tuple[Row, Slot | Non
         np.copyto(target, array, casting="equiv")
         copied[name] = target
     return copied, leased
+
+
+def _in_slot(arena: IoArena, slot: Slot, array: np.ndarray) -> bool:
+    """Whether ``array`` is a contiguous, aligned view of ``slot``'s bytes (as a row's input
+    must be to go by reference: `runtime.batching.input_refs`)."""
+    offset = arena.offset_of(array)
+    if offset is None or not array.flags.aligned:
+        return False
+    return slot.offset <= offset and offset + array.nbytes <= slot.offset + slot.nbytes
+
+
+class BodyInSlot:
+    """An HTTP request's body read straight into an arena slot as its chunks arrive (one copy,
+    chunk to slot), placed so that the body's binary section (after its JSON header of
+    ``json_bytes``) starts 64-byte aligned: a request's first binary input is then a view of
+    the slot the executor can read by reference."""
+
+    __slots__ = ("_pad", "length", "received", "slot")
+
+    def __init__(self, slot: Slot, pad: int, length: int) -> None:
+        self.slot: Slot | None = slot
+        self._pad = pad
+        self.length = length
+        self.received = 0
+
+    @classmethod
+    def lease(
+        cls, arena: IoArena, owner: object, length: int, json_bytes: int
+    ) -> BodyInSlot | None:
+        """A slot for a body of ``length`` bytes, or None when the arena has no room for it
+        now (not counted as a refusal: the body is then read as bytes, and the door copies
+        its rows into slots, or refuses them)."""
+        pad = -json_bytes % DEFAULT_ALIGN_BYTES
+        leased = arena.lease(owner, pad + length, count=False)
+        return None if isinstance(leased, ArenaRefusal) else cls(leased, pad, length)
+
+    def write(self, chunk: bytes) -> bool:
+        """Copy the next chunk in; False (nothing copied) when it would pass ``length``."""
+        if self.slot is None or self.received + len(chunk) > self.length:
+            return False
+        start = self._pad + self.received
+        self.slot.array[start : start + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        self.received += len(chunk)
+        return True
+
+    def view(self) -> memoryview:
+        """The body received so far."""
+        if self.slot is None:
+            return memoryview(b"")
+        return self.slot.array[self._pad : self._pad + self.received].data
+
+    def take(self) -> Slot | None:
+        """Hand the slot over (to `into_slots`, through the door): from now on the taker
+        releases it. None when taken or released already."""
+        slot, self.slot = self.slot, None
+        return slot
+
+    def release(self) -> None:
+        """Give the slot back, unless it was taken (a second call does nothing)."""
+        slot = self.take()
+        if slot is not None:
+            slot.release()
 
 
 def detach(outcome: InferOutcome, arena: IoArena) -> InferOutcome:

@@ -134,35 +134,19 @@ class Door:
         nbytes: int,
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object = None,
+        body: Slot | None = None,
     ) -> Answer:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
         ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
         connection: the share is per connection; `api.v2_arena`) where the daemon has an
         arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
         request path (shutting down, over the cap, a bad version or tensors, no room in the
-        arena); cancelling the awaiting task cancels the request."""
-        host = self.host
-        if not host.accepting_requests:
-            raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
-        if host.outstanding >= host.limits.max_outstanding_total:
-            limit = host.limits.max_outstanding_total
-            raise V2Error(Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)")
-        target, served_version = self.route(model, version)
-        reason = host.requests.screen(target, slo_ns, None, nbytes)
-        inputs: Mapping[str, np.ndarray] = {}
-        if reason is None:
-            try:
-                inputs = build()
-            except TensorError as error:
-                raise V2Error(Outcome.BAD_INPUT, str(error)) from None
-        rows = self._rows(model, inputs)
-        arena = host.io_arena
-        placed = (
-            into_slots(arena, owner if owner is not None else self, rows)
-            if arena is not None and reason is None
-            else [(row, None) for row in rows]
+        arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
+        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`)."""
+        target, served_version, reason, placed = self._placed(
+            model, version, slo_ns, nbytes, build, owner, body
         )
-        tickets = [_Ticket() for _ in rows]
+        tickets = [_Ticket() for _ in placed]
         futures = [
             self._start(target, row, slo_ns, reason, nbytes, t, slot)
             for (row, slot), t in zip(placed, tickets, strict=True)
@@ -174,8 +158,49 @@ class Door:
         except asyncio.CancelledError:
             for ticket in tickets:
                 if ticket.service_id is not None and not ticket.done:
-                    host.requests.cancel(ticket.service_id)
+                    self.host.requests.cancel(ticket.service_id)
             raise
+
+    def _placed(
+        self,
+        model: str,
+        version: str | None,
+        slo_ns: int | None,
+        nbytes: int,
+        build: Callable[[], Mapping[str, np.ndarray]],
+        owner: object,
+        body: Slot | None,
+    ) -> tuple[str, int, str | None, list[tuple[Mapping[str, np.ndarray], Slot | None]]]:
+        """The request up to its submit: where it goes, the screen's refusal (if any), and its
+        rows, each with its arena slot. ``body`` ends kept as a row's slot or released,
+        whatever happens. Raises V2Error."""
+        handed = False
+        try:
+            host = self.host
+            if not host.accepting_requests:
+                raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
+            if host.outstanding >= host.limits.max_outstanding_total:
+                limit = host.limits.max_outstanding_total
+                why = f"the server has {limit} requests in flight (limit)"
+                raise V2Error(Outcome.OVERLOADED, why)
+            target, served_version = self.route(model, version)
+            reason = host.requests.screen(target, slo_ns, None, nbytes)
+            inputs: Mapping[str, np.ndarray] = {}
+            if reason is None:
+                try:
+                    inputs = build()
+                except TensorError as error:
+                    raise V2Error(Outcome.BAD_INPUT, str(error)) from None
+            rows = self._rows(model, inputs)
+            arena = host.io_arena
+            if arena is None or reason is not None:
+                return target, served_version, reason, [(row, None) for row in rows]
+            handed = True
+            owner = owner if owner is not None else self
+            return target, served_version, reason, into_slots(arena, owner, rows, body)
+        finally:
+            if body is not None and not handed:
+                body.release()
 
     def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
         """A client batch as rows (`api.v2_rows`), within the cap on requests in flight. Only

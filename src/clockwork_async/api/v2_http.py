@@ -29,6 +29,7 @@ from typing import cast
 import httptools
 
 from clockwork_async.api.http_shared import ConnectionTimer, encode_head
+from clockwork_async.api.v2_arena import BodyInSlot
 from clockwork_async.api.v2_config import HttpConfig
 from clockwork_async.api.v2_door import Door
 from clockwork_async.api.v2_routes import (
@@ -153,6 +154,8 @@ class _HttpConnection(asyncio.Protocol):
         self._closed = True
         self._disarm()
         self._front.removed(self)
+        for request in [*self._queue, *([self._request] if self._request else [])]:
+            request.release()  # read (or half read) into the arena, never answered
         if self._task is not None:
             self._task.cancel()  # the door cancels the request
 
@@ -201,11 +204,30 @@ class _HttpConnection(asyncio.Protocol):
         if length is not None and length.isdigit() and int(length) > self._config.max_body_bytes:
             limit = self._config.max_body_bytes
             self._stop(V2Error(TOO_LARGE, f"a body of {length} bytes is over {limit} bytes"))
+        self._read_into_arena(request)
         if request.headers.get("expect", "").lower() == "100-continue" and self._transport:
             self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def _read_into_arena(self, request: HttpRequest) -> None:
+        """An infer with binary tensors (an ``Inference-Header-Content-Length`` and a
+        ``Content-Length``) has its body read straight into an IO arena slot, where the
+        daemon has an arena with room (else as bytes: the door copies its rows into slots)."""
+        arena = self._door.host.io_arena
+        json_text = request.headers.get(HEADER_LENGTH, "")
+        length = request.headers.get("content-length", "")
+        if arena is None or request.method != "POST" or not json_text.isdigit():
+            return
+        if length.isdigit() and int(json_text) < int(length) <= self._config.max_body_bytes:
+            request.in_slot = BodyInSlot.lease(arena, self, int(length), int(json_text))
+
     def on_body(self, body: bytes) -> None:
         request = self._head(0)
+        if request.in_slot is not None:
+            if request.in_slot.write(body):
+                return
+            request.body += request.in_slot.view()  # more than announced: read on as bytes
+            request.in_slot.release()
+            request.in_slot = None
         request.body += body
         if len(request.body) > self._config.max_body_bytes:
             limit = self._config.max_body_bytes
@@ -238,12 +260,14 @@ class _HttpConnection(asyncio.Protocol):
                 return
             request = self._queue.popleft()
             if self._front.closing and request.method == "POST":
+                request.release()
                 error = V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
                 self._door.count(error.code)
                 self._write(error_response(error), request, close=True)
                 return
             answer = route(self._door, request)
             if isinstance(answer, HttpResponse):
+                request.release()
                 self._write(answer, request)
             else:
                 self._task = asyncio.get_running_loop().create_task(answer)
@@ -259,6 +283,7 @@ class _HttpConnection(asyncio.Protocol):
     def _answered(self, task: asyncio.Task[HttpResponse], *, request: HttpRequest) -> None:
         self._task = None
         self._front.ended()
+        request.release()  # unless the door took its slot
         if task.cancelled() or self._closed:
             return
         error = task.exception()

@@ -22,6 +22,7 @@ from urllib.parse import unquote
 import httptools
 
 from clockwork_async.api.auth import Scope
+from clockwork_async.api.v2_arena import BodyInSlot
 from clockwork_async.api.v2_door import Door, slo_ns_of
 from clockwork_async.api.v2_status import (
     BAD_REQUEST,
@@ -56,6 +57,16 @@ class HttpRequest:
     keep_alive: bool = True
     head_bytes: int = 0
     owner: object = None  # its connection: what its IO arena slots count against
+    in_slot: BodyInSlot | None = None  # the body, when read into an IO arena slot instead
+
+    def body_view(self) -> memoryview:
+        """The body, wherever it was read."""
+        return self.in_slot.view() if self.in_slot is not None else memoryview(self.body)
+
+    def release(self) -> None:
+        """Give back the arena slot its body was read into, unless the door took it."""
+        if self.in_slot is not None:
+            self.in_slot.release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +152,7 @@ def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpRespon
 def _json_object(request: HttpRequest, what: str) -> dict[str, Any]:
     """The request's body as a JSON object (an empty body is ``{}``). Raises V2Error."""
     try:
-        document = json.loads(bytes(request.body) or b"{}")
+        document = json.loads(bytes(request.body_view()) or b"{}")
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise V2Error(BAD_REQUEST, f"the {what} request is not valid JSON") from None
     if not isinstance(document, dict):
@@ -193,7 +204,7 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
     echo = (("traceparent", trace),) if trace else ()
     request_id = ""
     try:
-        body = memoryview(request.body)
+        body = request.body_view()
         json_bytes = _header_bytes(request, body.nbytes)
         header = parse_request(body[:json_bytes])
         request_id = header.id
@@ -205,6 +216,7 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
             body.nbytes,
             lambda: build_inputs(header, body[json_bytes:]),
             request.owner,
+            request.in_slot.take() if request.in_slot is not None else None,
         )
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):

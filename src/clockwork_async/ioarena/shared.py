@@ -185,15 +185,16 @@ class IoArena:
 
     # --- lending -------------------------------------------------------------------------
 
-    def lease(self, owner: object, nbytes: int) -> Slot | ArenaRefusal:
-        """A slot of ``nbytes`` for ``owner``'s request, or why not (never a wait)."""
+    def lease(self, owner: object, nbytes: int, *, count: bool = True) -> Slot | ArenaRefusal:
+        """A slot of ``nbytes`` for ``owner``'s request, or why not (never a wait). ``count``
+        false: a refusal is not counted in ``refusals`` (the caller has another way)."""
         refusal = self._refusal(owner, nbytes)
         if refusal is not None:
-            self.refusals[refusal.cause] += 1
+            self.refusals[refusal.cause] += count
             return refusal
         slot = self.lease_unchecked(owner, nbytes)
         if slot is None:
-            self.refusals["full"] += 1
+            self.refusals["full"] += count
             return ArenaRefusal("full", self._full_message(nbytes))
         slot.counted_bytes = self._slots.size_of(slot.offset - HEADER_BYTES)
         self._held_bytes[owner] += slot.counted_bytes
