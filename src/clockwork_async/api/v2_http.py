@@ -13,7 +13,10 @@ and close) and a kept-alive connection with no request is closed after ``idle_ti
 body over ``max_body_bytes`` is refused 413, from its Content-Length before it is read where
 there is one, and the connection closed; every answer is JSON, an error one being
 ``{"error": "code: sentence"}`` with the status of `v2_door.HTTP_STATUS`; a connection that
-goes away cancels its request in flight; at most ``max_connections`` are open.
+goes away cancels its request in flight; at most ``max_connections`` are open; a body with
+binary tensors read into an IO arena slot (`api.v2_arena.BodyInSlot`) goes back exactly once:
+taken over by the door, else released when its request is answered, refused or dropped with
+its connection.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ HTTP_STATUS: Mapping[str, int] = {
     UNAUTHORIZED: 401,
     ApiCode.FORBIDDEN: 403,
     ApiCode.BAD_MODEL: 400,  # a load whose model cannot be registered
+    ApiCode.MODEL_EXISTS: 409,  # a load or unload of an instance name (NAME-0) of a model
     Outcome.UNKNOWN_MODEL: 404,
     NOT_FOUND: 404,
     METHOD_NOT_ALLOWED: 405,
@@ -57,6 +58,7 @@ GRPC_CODE: Mapping[str, str] = {
     UNAUTHORIZED: "UNAUTHENTICATED",
     ApiCode.FORBIDDEN: "PERMISSION_DENIED",
     ApiCode.BAD_MODEL: "INVALID_ARGUMENT",
+    ApiCode.MODEL_EXISTS: "ALREADY_EXISTS",
     Outcome.UNKNOWN_MODEL: "NOT_FOUND",
     NOT_FOUND: "UNIMPLEMENTED",
     METHOD_NOT_ALLOWED: "UNIMPLEMENTED",
