@@ -46,6 +46,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
         "capacity",
         "clock",
         "models",
+        "buckets",
     ),
     ("queues", "lanes", "entities"),
     ("state",),
