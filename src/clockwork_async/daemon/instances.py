@@ -163,6 +163,7 @@ async def register_variants(
     register_one: RegisterOne,
     profiles: dict[Bucket, RegistrationProfile | None],
     max_profile_ns: int,
+    now_ns: Callable[[], int] = time.monotonic_ns,
 ) -> tuple[RegisteredModel, ...]:
     """Register every bucket of ``entry`` as a variant of ``target``; returns them in bucket
     order (smallest first). ``profiles`` holds a profile per bucket to reuse (cached, or
@@ -175,9 +176,9 @@ async def register_variants(
         profile = profiles.get(bucket)
         if profile is None and measured and spent_ns + largest_ns > max_profile_ns:
             profile = seeded_profile(entry.buckets, measured)[bucket]
-        started_ns = time.monotonic_ns()
+        started_ns = now_ns()
         model = await register_one(entry.at_bucket(bucket), variant_name(target, bucket), profile)
-        took_ns = time.monotonic_ns() - started_ns
+        took_ns = now_ns() - started_ns
         spent_ns += took_ns
         largest_ns = largest_ns or took_ns
         registered[bucket] = model

@@ -1,0 +1,150 @@
+"""A bucketed model's registration and door without a daemon: the buckets registered largest
+first within one profiling cap, the rest seeded by the neighbour rule (daemon/instances.py);
+the door's choice of variant, its padding and its cutting back (runtime/buckets.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clockwork_async.api.service import InferOutcome
+from clockwork_async.core.events import ModelProfile
+from clockwork_async.core.outcomes import Outcome
+from clockwork_async.daemon.instances import register_variants
+from clockwork_async.models.repository import ModelEntry, Repository
+from clockwork_async.runtime.batching import BadInput
+from clockwork_async.runtime.buckets import BucketedModel, BucketRoutes
+from clockwork_async.runtime.driver import RegisteredModel
+from clockwork_async.runtime.profiler import RegistrationProfile
+from typed_models import (
+    BUCKETS,
+    MASKED_TOKENS_TOML,
+    SEQUENCE_BUCKETS_TOML,
+    masked_tokens_model,
+    sequence_model,
+)
+
+PROFILING_NS = 60  # what profiling one bucket takes on the fake clock
+SIZES = (1, 2, 4)
+
+
+def measured(length: int) -> RegistrationProfile:
+    return RegistrationProfile(SIZES, {"cpu": ModelProfile({b: b * length for b in SIZES}, 7)})
+
+
+class FakeRegistration:
+    """Registers instantly from a given profile, or 'profiles' for PROFILING_NS."""
+
+    def __init__(self) -> None:
+        self.clock_ns = 0
+        self.given: dict[str, RegistrationProfile | None] = {}
+
+    def now_ns(self) -> int:
+        return self.clock_ns
+
+    async def register_one(
+        self, entry: ModelEntry, name: str, profile: RegistrationProfile | None
+    ) -> RegisteredModel:
+        self.given[name] = profile
+        if profile is None:
+            self.clock_ns += PROFILING_NS
+            profile = measured(entry.inputs[0].shape[1])
+        return RegisteredModel(
+            name, "", "", 1, profile.batch_sizes, entry.inputs, entry.outputs, 0, 1, profile
+        )
+
+
+@pytest.fixture
+def entry(tmp_path: Path) -> ModelEntry:
+    return Repository(tmp_path).add("seq", sequence_model(), SEQUENCE_BUCKETS_TOML)
+
+
+@pytest.mark.parametrize(
+    ("cap_ns", "profiled"), [(1000, BUCKETS), (150, (8, 12)), (100, (12,)), (1, (12,))]
+)
+async def test_buckets_are_profiled_largest_first_while_the_cap_allows_the_rest_seeded(
+    entry: ModelEntry, cap_ns: int, profiled: tuple[int, ...]
+) -> None:
+    fake = FakeRegistration()
+    profiles: dict[tuple[int, ...], RegistrationProfile | None] = {}
+    models = await register_variants(entry, "seq", fake.register_one, profiles, cap_ns, fake.now_ns)
+    assert [m.name for m in models] == ["seq~4", "seq~8", "seq~12"]
+    assert list(fake.given) == ["seq~12", "seq~8", "seq~4"]
+    assert [m.inputs[0].shape for m in models] == [(-1, 4), (-1, 8), (-1, 12)]
+    for model, length in zip(models, BUCKETS, strict=True):
+        if length in profiled:
+            assert fake.given[model.name] is None and profiles[(length,)] == measured(length)
+        else:  # the next longer profiled bucket's times, not cached
+            longer = min(b for b in profiled if b > length)
+            assert model.profile.kinds == measured(longer).kinds
+            assert (length,) not in profiles
+
+
+async def test_a_cached_bucket_is_not_profiled_again(entry: ModelEntry) -> None:
+    fake = FakeRegistration()
+    profiles: dict[tuple[int, ...], RegistrationProfile | None] = {(8,): measured(8)}
+    await register_variants(entry, "seq", fake.register_one, profiles, 1000, fake.now_ns)
+    assert fake.given["seq~8"] == measured(8)
+    assert fake.given["seq~12"] is None and fake.given["seq~4"] is None
+
+
+# --- the door -----------------------------------------------------------------------------------
+
+
+def routes_for(tmp_path: Path, toml: str, data: bytes) -> BucketRoutes:
+    entry = Repository(tmp_path).add("m", data, toml)
+    assert entry.shapes is not None
+    routes = BucketRoutes()
+    names = {bucket: f"m~{bucket[0]}" for bucket in entry.buckets}
+    routes.add(BucketedModel("m", entry.shapes, names))
+    return routes
+
+
+def never(outcome: InferOutcome) -> None:
+    raise AssertionError("not called")
+
+
+def test_an_exact_length_goes_to_its_variant_untouched(tmp_path: Path) -> None:
+    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    ids = np.ones((1, 8), np.int64)
+    routed = routes.route("m", {"ids": ids}, never)
+    assert routed is not None and routed.model == "m~8"
+    assert routed.inputs["ids"] is ids and routed.on_reply is never
+    assert routes.route("other", {"ids": ids}, never) is None
+    assert routes.speaking_for("m") == "m~12" and routes.speaking_for("other") == "other"
+
+
+def test_without_padding_a_length_between_buckets_is_bad_input(tmp_path: Path) -> None:
+    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    with pytest.raises(BadInput, match=r"length 5; it takes only \[4, 8, 12\]"):
+        routes.route("m", {"ids": np.ones((1, 5), np.int64)}, never)
+
+
+def test_unreadable_inputs_go_to_the_largest_variant_whose_check_names_them(
+    tmp_path: Path,
+) -> None:
+    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    routed = routes.route("m", {"ids": [1, 2]}, never)
+    assert routed is not None and routed.model == "m~12"
+
+
+def test_padding_fills_zeros_up_to_the_bucket_and_cuts_shared_outputs_back(
+    tmp_path: Path,
+) -> None:
+    routes = routes_for(tmp_path, MASKED_TOKENS_TOML, masked_tokens_model())
+    got: list[InferOutcome] = []
+    ids = np.arange(1, 6, dtype=np.int64).reshape(1, 5)
+    routed = routes.route("m", {"ids": ids, "mask": np.ones((1, 5), np.float32)}, got.append)
+    assert routed is not None and routed.model == "m~8"
+    assert routed.inputs["ids"].tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]]
+    assert routed.inputs["mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]]
+    hidden = np.arange(32, dtype=np.float32).reshape(1, 8, 4)
+    pooled = np.ones((1, 4), np.float32)
+    outcome = InferOutcome(1, Outcome.OK, "", {"hidden": hidden, "pooled": pooled}, {}, None, 1)
+    routed.on_reply(outcome)
+    (answer,) = got
+    assert answer.outputs["hidden"].shape == (1, 5, 4)
+    np.testing.assert_array_equal(answer.outputs["hidden"], hidden[:, :5])
+    assert answer.outputs["pooled"] is pooled
