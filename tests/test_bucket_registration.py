@@ -14,8 +14,7 @@ from clockwork_async.core.events import ModelProfile
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.daemon.instances import register_variants
 from clockwork_async.models.repository import ModelEntry, Repository
-from clockwork_async.runtime.batching import BadInput
-from clockwork_async.runtime.buckets import BucketedModel, BucketRoutes
+from clockwork_async.runtime.buckets import BucketedModel, route
 from clockwork_async.runtime.driver import RegisteredModel
 from clockwork_async.runtime.profiler import RegistrationProfile
 from typed_models import (
@@ -93,13 +92,11 @@ async def test_a_cached_bucket_is_not_profiled_again(entry: ModelEntry) -> None:
 # --- the door -----------------------------------------------------------------------------------
 
 
-def routes_for(tmp_path: Path, toml: str, data: bytes) -> BucketRoutes:
+def bucketed(tmp_path: Path, toml: str, data: bytes) -> BucketedModel:
     entry = Repository(tmp_path).add("m", data, toml)
     assert entry.shapes is not None
-    routes = BucketRoutes()
     names = {bucket: f"m~{bucket[0]}" for bucket in entry.buckets}
-    routes.add(BucketedModel("m", entry.shapes, names))
-    return routes
+    return BucketedModel("m", entry.shapes, names)
 
 
 def never(outcome: InferOutcome) -> None:
@@ -107,37 +104,40 @@ def never(outcome: InferOutcome) -> None:
 
 
 def test_an_exact_length_goes_to_its_variant_untouched(tmp_path: Path) -> None:
-    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    model = bucketed(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
     ids = np.ones((1, 8), np.int64)
-    routed = routes.route("m", {"ids": ids}, never)
-    assert routed is not None and routed.model == "m~8"
+    routed = route(model, {"ids": ids}, never)
+    assert routed.model == "m~8" and not routed.bad_input
     assert routed.inputs["ids"] is ids and routed.on_reply is never
-    assert routes.route("other", {"ids": ids}, never) is None
-    assert routes.speaking_for("m") == "m~12" and routes.speaking_for("other") == "other"
+    assert model.largest == "m~12"
 
 
 def test_without_padding_a_length_between_buckets_is_bad_input(tmp_path: Path) -> None:
-    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
-    with pytest.raises(BadInput, match=r"length 5; it takes only \[4, 8, 12\]"):
-        routes.route("m", {"ids": np.ones((1, 5), np.int64)}, never)
+    model = bucketed(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    routed = route(model, {"ids": np.ones((1, 5), np.int64)}, never)
+    assert routed.model == "m"
+    assert routed.bad_input == (
+        "input 'ids' axis 1 ('tokens') has length 5; it takes only [4, 8, 12] "
+        "(this model does not pad)"
+    )
 
 
 def test_unreadable_inputs_go_to_the_largest_variant_whose_check_names_them(
     tmp_path: Path,
 ) -> None:
-    routes = routes_for(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
-    routed = routes.route("m", {"ids": [1, 2]}, never)
-    assert routed is not None and routed.model == "m~12"
+    model = bucketed(tmp_path, SEQUENCE_BUCKETS_TOML, sequence_model())
+    routed = route(model, {"ids": np.ones(3, np.int64)}, never)  # no axis 1
+    assert routed.model == "m~12" and not routed.bad_input
 
 
 def test_padding_fills_zeros_up_to_the_bucket_and_cuts_shared_outputs_back(
     tmp_path: Path,
 ) -> None:
-    routes = routes_for(tmp_path, MASKED_TOKENS_TOML, masked_tokens_model())
+    model = bucketed(tmp_path, MASKED_TOKENS_TOML, masked_tokens_model())
     got: list[InferOutcome] = []
     ids = np.arange(1, 6, dtype=np.int64).reshape(1, 5)
-    routed = routes.route("m", {"ids": ids, "mask": np.ones((1, 5), np.float32)}, got.append)
-    assert routed is not None and routed.model == "m~8"
+    routed = route(model, {"ids": ids, "mask": np.ones((1, 5), np.float32)}, got.append)
+    assert routed.model == "m~8"
     assert routed.inputs["ids"].tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]]
     assert routed.inputs["mask"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0]]
     hidden = np.arange(32, dtype=np.float32).reshape(1, 8, 4)
@@ -148,3 +148,10 @@ def test_padding_fills_zeros_up_to_the_bucket_and_cuts_shared_outputs_back(
     assert answer.outputs["hidden"].shape == (1, 5, 4)
     np.testing.assert_array_equal(answer.outputs["hidden"], hidden[:, :5])
     assert answer.outputs["pooled"] is pooled
+
+
+def test_inputs_disagreeing_on_one_axis_are_bad_input(tmp_path: Path) -> None:
+    model = bucketed(tmp_path, MASKED_TOKENS_TOML, masked_tokens_model())
+    inputs = {"ids": np.ones((1, 3), np.int64), "mask": np.ones((1, 5), np.float32)}
+    routed = route(model, inputs, never)
+    assert routed.model == "m" and "along axis 'tokens'" in routed.bad_input

@@ -420,16 +420,15 @@ class DaemonService:
                     self._metrics.instance_aliases[each.name] = instance
             if instance in variants:
                 self._variants[instance] = variants[instance]
-                self._driver.dispatcher.buckets.add(
-                    bucketed_model(target, entry, variants[instance])
-                )
+                buckets = self._driver.dispatcher.buckets
+                buckets[target] = bucketed_model(target, entry, variants[instance])
 
     def _forget(self, instance: str, version: int) -> None:
         """Stop routing to ``instance`` (its models are dropped by the caller)."""
         self._instances.pop(instance, None)
         self.routes.pop(instance, None)
         if self._variants.pop(instance, None) is not None:
-            self._driver.dispatcher.buckets.remove(served_name(instance, version))
+            self._driver.dispatcher.buckets.pop(served_name(instance, version), None)
 
     async def _unregister(self, entry: ModelEntry) -> None:
         """Stop serving every instance of ``entry`` (already gone ones are skipped)."""

@@ -8,7 +8,8 @@ the request's own values); the places of one dimension (inputs with an axis of o
 Otherwise it is answered ``bad_input`` naming the input, the axis, its length and the lengths
 declared. A request whose lengths equal its bucket's keeps its arrays (no copy; they may still
 travel by IO arena reference); a padded one travels as bytes. Outputs declared to share a
-dimension are cut to the request's own length: views, no copy.
+dimension are cut to the request's own length: views, no copy. The dispatcher calls `route`
+only for a name in its ``buckets`` (a plain model's request never enters this file).
 """
 
 from __future__ import annotations
@@ -43,53 +44,36 @@ class BucketedModel:
 @dataclass(frozen=True, slots=True)
 class Routed:
     """Where a request goes: its variant, its inputs at that bucket, and its reply callback
-    (cutting outputs back when it was padded)."""
+    (cutting outputs back when it was padded); or, with ``bad_input`` set, why no bucket
+    holds it (``model`` is then the name it asked for)."""
 
     model: str
     inputs: Mapping[str, np.ndarray]
     on_reply: Reply
+    bad_input: str = ""
 
 
-class BucketRoutes:
-    """The bucketed models by the name requests use (added and removed with their variants)."""
-
-    def __init__(self) -> None:
-        self._models: dict[str, BucketedModel] = {}
-
-    def add(self, model: BucketedModel) -> None:
-        self._models[model.name] = model
-
-    def remove(self, name: str) -> None:
-        self._models.pop(name, None)
-
-    def speaking_for(self, name: str) -> str:
-        """The core model whose settings (default SLO) speak for ``name``: its largest
-        variant if bucketed, else ``name``."""
-        bucketed = self._models.get(name)
-        return bucketed.largest if bucketed is not None else name
-
-    def route(self, name: str, inputs: Mapping[str, object], on_reply: Reply) -> Routed | None:
-        """Where a request for ``name`` goes; None if ``name`` is not bucketed. Raises BadInput
-        when no bucket holds it. Inputs it cannot read (missing, not arrays, wrong rank) go to
-        the largest variant, whose check names the problem."""
-        bucketed = self._models.get(name)
-        if bucketed is None:
-            return None
+def route(bucketed: BucketedModel, inputs: Mapping[str, np.ndarray], on_reply: Reply) -> Routed:
+    """Where a request for ``bucketed`` goes. Inputs it cannot read (missing, not arrays, of
+    too few axes) go to the largest variant, whose check names the problem."""
+    try:
         lengths = _lengths(bucketed.plan, inputs)
-        if lengths is None:
-            return Routed(bucketed.largest, inputs, on_reply)  # type: ignore[arg-type]
-        declared = [dimension.lengths for dimension in bucketed.plan.dimensions]
-        bucket = bucket_for(declared, lengths, bucketed.plan.pad)
-        if bucket is None:
-            raise BadInput(_no_bucket(bucketed.plan, lengths))
-        variant = bucketed.variants[bucket]
-        if tuple(lengths) == bucket:
-            return Routed(variant, inputs, on_reply)  # type: ignore[arg-type]
-        padded = _padded(bucketed.plan, inputs, bucket)  # type: ignore[arg-type]
-        return Routed(variant, padded, _cutting(bucketed.plan, lengths, on_reply))
+    except BadInput as error:
+        return Routed(bucketed.name, inputs, on_reply, str(error))
+    if lengths is None:
+        return Routed(bucketed.largest, inputs, on_reply)
+    declared = [dimension.lengths for dimension in bucketed.plan.dimensions]
+    bucket = bucket_for(declared, lengths, bucketed.plan.pad)
+    if bucket is None:
+        return Routed(bucketed.name, inputs, on_reply, _no_bucket(bucketed.plan, lengths))
+    variant = bucketed.variants[bucket]
+    if tuple(lengths) == bucket:
+        return Routed(variant, inputs, on_reply)
+    padded = _padded(bucketed.plan, inputs, bucket)
+    return Routed(variant, padded, _cutting(bucketed.plan, lengths, on_reply))
 
 
-def _lengths(plan: ShapePlan, inputs: Mapping[str, object]) -> list[int] | None:
+def _lengths(plan: ShapePlan, inputs: Mapping[str, np.ndarray]) -> list[int] | None:
     """Each dimension's length in ``inputs``; None where an input is not there to read.
     Raises BadInput when two places of one dimension disagree."""
     lengths: list[int] = []

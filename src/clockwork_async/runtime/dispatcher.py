@@ -76,7 +76,7 @@ from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.logs import request_extra
 from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
-from clockwork_async.runtime.buckets import BucketRoutes
+from clockwork_async.runtime.buckets import BucketedModel, route
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
 from clockwork_async.runtime.hop import Hops
@@ -184,7 +184,7 @@ class Dispatcher:
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
         self._arena: IoArena | None = None
-        self.buckets = BucketRoutes()  # models served by shape buckets, by request name
+        self.buckets: dict[str, BucketedModel] = {}  # served by shape buckets, by request name
         self._feed(self._hops.initial())
 
     def use_arena(self, arena: IoArena | None) -> None:
@@ -212,7 +212,8 @@ class Dispatcher:
     def _deadline_ns(
         self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
     ) -> int:
-        served = self._models.get(self.buckets.speaking_for(model))
+        bucketed = self.buckets.get(model)  # its largest bucket's settings speak for it
+        served = self._models.get(bucketed.largest if bucketed is not None else model)
         default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
         return resolve_deadline_ns(
             slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
@@ -236,11 +237,8 @@ class Dispatcher:
         """
         request_id = next(self._request_ids)
         now_ns = self._now_ns()
-        try:  # a model served by shape buckets: the variant of its bucket (runtime/buckets.py)
-            routed = self.buckets.route(model, inputs, on_reply)
-            bucket_refusal = None
-        except BadInput as error:
-            routed, bucket_refusal = None, (Outcome.BAD_INPUT, str(error))
+        bucketed = self.buckets.get(model)  # shape buckets: its bucket's variant (buckets.py)
+        routed = route(bucketed, inputs, on_reply) if bucketed is not None else None
         if routed is not None:
             model, inputs, on_reply = routed.model, routed.inputs, routed.on_reply
         request = PendingRequest(
@@ -248,7 +246,11 @@ class Dispatcher:
         )
         self._book.add_request(request)
         nbytes = tensor_bytes(inputs)
-        refusal = bucket_refusal or self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        refusal = (
+            (Outcome.BAD_INPUT, routed.bad_input)
+            if routed is not None and routed.bad_input
+            else self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        )
         self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)
