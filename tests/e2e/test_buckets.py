@@ -8,7 +8,11 @@ shapes; each bucket is its own core model (``NAME~LEN``).
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,17 +34,23 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     folder = tmp_path_factory.mktemp("buckets")
     config = write_config(folder, ort_executor(), sections=FAST_PROFILING)
-    daemon = DaemonProcess.start(folder, config)
+    started = DaemonProcess.start(folder, config)
     try:
-        with Client(daemon.api, timeout_s=120.0) as connected:
+        with Client(started.api, timeout_s=120.0) as connected:
             connected.add_model("seq", sequence_model(), SEQUENCE_BUCKETS_TOML)
             connected.add_model("tok", masked_tokens_model(), MASKED_TOKENS_TOML)
-            yield connected
+        yield started
     finally:
-        assert daemon.stop() == 0, daemon.log()
+        assert started.stop() == 0, started.log()
+
+
+@pytest.fixture(scope="module")
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    with Client(daemon.api, timeout_s=120.0) as connected:
+        yield connected
 
 
 def ids(length: int, seed: int) -> np.ndarray:
@@ -64,6 +74,32 @@ def test_exact_lengths_of_a_model_that_does_not_pad_equal_a_direct_run(client: C
         np.testing.assert_allclose(
             result.outputs["y"], direct_run(sequence_model(), row)["y"], rtol=1e-6
         )
+    listed = {m.name: m for m in client.models()}
+    assert listed["seq"].state == "loaded"  # any bucket's copy counts
+
+
+def v2_infer(daemon: DaemonProcess, model: str, ids: np.ndarray) -> tuple[int, dict[str, Any]]:
+    """A KServe v2 JSON infer over HTTP: (status, body)."""
+    tensor = {"name": "ids", "datatype": "INT64", "shape": list(ids.shape)}
+    body = json.dumps({"inputs": [{**tensor, "data": ids.ravel().tolist()}]}).encode()
+    url = f"http://{daemon.http}/v2/models/{model}/infer"
+    request = urllib.request.Request(url, body, {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def test_the_v2_front_end_serves_buckets_row_by_row(daemon: DaemonProcess) -> None:
+    batch = np.concatenate([ids(8, 1), ids(8, 2)])
+    status, body = v2_infer(daemon, "seq", batch)
+    assert status == 200, body
+    (output,) = body["outputs"]
+    got = np.array(output["data"], np.float32).reshape(output["shape"])
+    np.testing.assert_allclose(got, direct_run(sequence_model(), {"ids": batch})["y"], rtol=1e-6)
+    status, body = v2_infer(daemon, "seq", ids(5, 0))
+    assert status == 400 and "it takes only [4, 8, 12]" in body["error"], body
 
 
 def test_a_length_between_buckets_is_bad_input_when_the_model_does_not_pad(

@@ -107,8 +107,8 @@ class DaemonService:
         """Every registered instance, by name."""
         loaded = {m.name: m.loaded_on for m in self._driver.snapshot().models}
         served = [
-            self._status(name, loaded.get(model.name, ()))
-            for name, model in sorted(self._instances.items())
+            self._status(name, _loaded_on(loaded, self._models_of(name)))
+            for name in sorted(self._instances)
         ]
         jobs = [job_status(job) for job in self._jobs.all() if job.state is not JobState.READY]
         return sorted(served + jobs, key=lambda status: (status.name, status.version))
@@ -443,6 +443,13 @@ class DaemonService:
 
 def _nothing() -> None:
     pass
+
+
+def _loaded_on(
+    loaded: Mapping[str, tuple[str, ...]], models: tuple[RegisteredModel, ...]
+) -> tuple[str, ...]:
+    """The executors holding any of ``models`` (an instance's, or its buckets' variants)."""
+    return tuple(dict.fromkeys(e for model in models for e in loaded.get(model.name, ())))
 
 
 def _read_files(entry: ModelEntry) -> tuple[bytes, str | None]:
