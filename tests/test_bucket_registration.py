@@ -68,23 +68,30 @@ async def test_buckets_are_profiled_largest_first_while_the_cap_allows_the_rest_
 ) -> None:
     fake = FakeRegistration()
     profiles: dict[tuple[int, ...], RegistrationProfile | None] = {}
-    models = await register_variants(entry, "seq", fake.register_one, profiles, cap_ns, fake.now_ns)
+    seeded: set[tuple[int, ...]] = set()
+    models = await register_variants(
+        entry, "seq", fake.register_one, profiles, seeded, cap_ns, fake.now_ns
+    )
     assert [m.name for m in models] == ["seq~4", "seq~8", "seq~12"]
     assert list(fake.given) == ["seq~12", "seq~8", "seq~4"]
     assert [m.inputs[0].shape for m in models] == [(-1, 4), (-1, 8), (-1, 12)]
     for model, length in zip(models, BUCKETS, strict=True):
         if length in profiled:
             assert fake.given[model.name] is None and profiles[(length,)] == measured(length)
-        else:  # the next longer profiled bucket's times, not cached
+        else:  # the next longer profiled bucket's times, not to be cached
             longer = min(b for b in profiled if b > length)
             assert model.profile.kinds == measured(longer).kinds
-            assert (length,) not in profiles
+            assert (length,) in seeded
+    assert len(seeded) == len(BUCKETS) - len(profiled)
+    again = FakeRegistration()  # a second copy reuses every profile, seeded ones too
+    await register_variants(entry, "seq-1", again.register_one, profiles, seeded, 1, again.now_ns)
+    assert all(profile is not None for profile in again.given.values())
 
 
 async def test_a_cached_bucket_is_not_profiled_again(entry: ModelEntry) -> None:
     fake = FakeRegistration()
     profiles: dict[tuple[int, ...], RegistrationProfile | None] = {(8,): measured(8)}
-    await register_variants(entry, "seq", fake.register_one, profiles, 1000, fake.now_ns)
+    await register_variants(entry, "seq", fake.register_one, profiles, set(), 1000, fake.now_ns)
     assert fake.given["seq~8"] == measured(8)
     assert fake.given["seq~12"] is None and fake.given["seq~4"] is None
 
@@ -155,3 +162,18 @@ def test_inputs_disagreeing_on_one_axis_are_bad_input(tmp_path: Path) -> None:
     inputs = {"ids": np.ones((1, 3), np.int64), "mask": np.ones((1, 5), np.float32)}
     routed = route(model, inputs, never)
     assert routed.model == "m" and "along axis 'tokens'" in routed.bad_input
+
+
+def test_a_length_under_the_declared_min_is_bad_input_though_padding_would_fit(
+    tmp_path: Path,
+) -> None:
+    model = bucketed(
+        tmp_path, MASKED_TOKENS_TOML.replace("min = 1", "min = 3"), masked_tokens_model()
+    )
+    short = {"ids": np.ones((1, 2), np.int64), "mask": np.ones((1, 2), np.float32)}
+    routed = route(model, short, never)
+    assert (
+        routed.bad_input == "input 'ids' axis 1 ('tokens') has length 2, under its declared min 3"
+    )
+    enough = {"ids": np.ones((1, 3), np.int64), "mask": np.ones((1, 3), np.float32)}
+    assert route(model, enough, never).model == "m~4"

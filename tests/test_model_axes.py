@@ -80,7 +80,8 @@ def test_an_unnamed_dynamic_axis_is_keyed_by_its_index() -> None:
 def test_several_lengths_are_served_by_buckets_at_the_largest_shape(tmp_path: Path) -> None:
     info = read_model_info("seq", sequence_model(), SEQUENCE_BUCKETS_TOML.encode())
     assert info.inputs == (TensorSpec("ids", "int64", (-1, BUCKETS[-1])),)
-    assert info.shapes == ShapePlan((Dimension("tokens", BUCKETS, (("ids", 1),)),))
+    tokens = Dimension("tokens", BUCKETS, (("ids", 1),), min_length=BUCKETS[0])  # a list's min
+    assert info.shapes == ShapePlan((tokens,))
     assert info.shapes.bucketed and not info.shapes.pad
     entry = Repository(tmp_path).add("seq", sequence_model(), SEQUENCE_BUCKETS_TOML)
     assert entry.buckets == tuple((length,) for length in BUCKETS)
@@ -91,7 +92,8 @@ def test_several_lengths_are_served_by_buckets_at_the_largest_shape(tmp_path: Pa
 def test_inputs_sharing_an_axis_name_are_one_dimension_and_outputs_may_follow_it() -> None:
     info = read_model_info("tok", masked_tokens_model(), MASKED_TOKENS_TOML.encode())
     assert info.shapes is not None and info.shapes.pad
-    assert info.shapes.dimensions == (Dimension("tokens", BUCKETS, (("ids", 1), ("mask", 1))),)
+    places = (("ids", 1), ("mask", 1))
+    assert info.shapes.dimensions == (Dimension("tokens", BUCKETS, places, min_length=1),)
     assert info.shapes.output_axes == (OutputAxis("hidden", 1, 0),)
     spec = info.shapes.inputs_at(info.inputs, (8,))
     assert [s.shape for s in spec] == [(-1, 8), (-1, 8)]
@@ -111,7 +113,7 @@ def test_one_length_is_served_as_before_unless_padded() -> None:
             MASKED_TOKENS_TOML.replace(
                 "buckets = [4, 8, 12] }\n[outputs", "buckets = [6, 12] }\n[outputs"
             ),
-            r"axis 'tokens' of input 'mask' is declared \[6, 12\], another input's \[4, 8, 12\]",
+            r"input 'mask' is declared \[6, 12\] \(min 1\), another input's \[4, 8, 12\]",
         ),
         (MASKED_TOKENS_TOML.replace('= "tokens"', '= "words"'), "not a declared input axis"),
         (MASKED_TOKENS_TOML.replace("[outputs.hidden", "[outputs.nope"), "has no output 'nope'"),

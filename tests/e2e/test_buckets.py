@@ -149,3 +149,7 @@ def test_over_the_largest_bucket_or_disagreeing_lengths_are_bad_input(client: Cl
     result = client.infer("tok", uneven, slo_ms=SLO_MS)
     assert result.status == Outcome.BAD_INPUT
     assert "along axis 'tokens'" in result.message
+    empty = {"ids": np.zeros((1, 0), np.int64), "mask": np.zeros((1, 0), np.float32)}
+    result = client.infer("tok", empty, slo_ms=SLO_MS)
+    assert result.status == Outcome.BAD_INPUT
+    assert "has length 0, under its declared min 1" in result.message

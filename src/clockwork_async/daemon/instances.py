@@ -95,6 +95,7 @@ class Registrar:
         at = {bucket: entry.at_bucket(bucket) for bucket in entry.buckets}
         cached = {b: await asyncio.to_thread(self._cached_profile, e) for b, e in at.items()}
         profiles = dict(cached)
+        seeded: set[Bucket] = set()
         variants: Variants = {}
 
         async def one(
@@ -106,12 +107,14 @@ class Registrar:
         try:
             for instance in entry.instances:
                 target = served_name(instance, entry.version)
-                variants[instance] = await register_variants(entry, target, one, profiles, cap_ns)
+                variants[instance] = await register_variants(
+                    entry, target, one, profiles, seeded, cap_ns
+                )
         except BaseException:
             await self._unregister_all([m for done in variants.values() for m in done])
             raise
         for bucket, profile in profiles.items():
-            if profile is not None and profile != cached[bucket]:
+            if profile is not None and profile != cached[bucket] and bucket not in seeded:
                 await asyncio.to_thread(self._store_profile, at[bucket], profile)
         return [done[-1] for done in variants.values()], variants
 
@@ -162,29 +165,30 @@ async def register_variants(
     target: str,
     register_one: RegisterOne,
     profiles: dict[Bucket, RegistrationProfile | None],
+    seeded: set[Bucket],
     max_profile_ns: int,
     now_ns: Callable[[], int] = time.monotonic_ns,
 ) -> tuple[RegisteredModel, ...]:
     """Register every bucket of ``entry`` as a variant of ``target``; returns them in bucket
-    order (smallest first). ``profiles`` holds a profile per bucket to reuse (cached, or
-    measured for an earlier copy) and receives what each bucket measured (None if seeded).
-    Raises what ``register_one`` raises (the caller drops what was registered)."""
+    order (smallest first). ``profiles`` holds a profile per bucket to reuse (cached, or from
+    an earlier copy) and receives each bucket's; ``seeded`` receives the buckets whose profile
+    came from the neighbour rule (not measured: not to be cached). Raises what
+    ``register_one`` raises (the caller drops what was registered)."""
     registered: dict[Bucket, RegisteredModel] = {}
-    measured: dict[Bucket, RegistrationProfile] = {}
     spent_ns = largest_ns = 0
     for bucket in reversed(entry.buckets):
         profile = profiles.get(bucket)
+        measured = {b: p for b, p in profiles.items() if p is not None and b not in seeded}
         if profile is None and measured and spent_ns + largest_ns > max_profile_ns:
             profile = seeded_profile(entry.buckets, measured)[bucket]
+            seeded.add(bucket)
         started_ns = now_ns()
         model = await register_one(entry.at_bucket(bucket), variant_name(target, bucket), profile)
         took_ns = now_ns() - started_ns
         spent_ns += took_ns
         largest_ns = largest_ns or took_ns
         registered[bucket] = model
-        if profile is None or profile is profiles.get(bucket):
-            measured[bucket] = model.profile
-            profiles[bucket] = model.profile
+        profiles[bucket] = model.profile
     return tuple(registered[bucket] for bucket in entry.buckets)
 
 

@@ -19,7 +19,7 @@ output's axis has a dimension's length, so a padded request's output is cut back
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clockwork_async.wire.messages import TensorSpec
@@ -62,6 +62,7 @@ class Dimension:
     name: str
     lengths: tuple[int, ...]  # ascending: its buckets
     places: tuple[tuple[str, int], ...]  # (input, axis index)
+    min_length: int = 1  # shorter requests are refused, even where padding would fit them
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,15 +128,18 @@ def shape_plan(
         found = dimensions.get(name)
         place = (declaration.input, declaration.axis)
         if found is None:
-            dimensions[name] = Dimension(name, declaration.buckets, (place,))
-        elif found.lengths != declaration.buckets:
+            dimensions[name] = Dimension(
+                name, declaration.buckets, (place,), declaration.min_length
+            )
+        elif (found.lengths, found.min_length) != (declaration.buckets, declaration.min_length):
             raise AxisError(
                 f"model {model!r}: axis {name!r} of input {declaration.input!r} is declared "
-                f"{list(declaration.buckets)}, another input's {list(found.lengths)}: an axis "
-                "name is one length, declare it alike"
+                f"{list(declaration.buckets)} (min {declaration.min_length}), another input's "
+                f"{list(found.lengths)} (min {found.min_length}): an axis name is one length, "
+                "declare it alike"
             )
         else:
-            dimensions[name] = Dimension(name, found.lengths, (*found.places, place))
+            dimensions[name] = replace(found, places=(*found.places, place))
     order = list(dimensions)
     axes = _output_axes(model, order, outputs, output_keys, declared_outputs)
     return ShapePlan(tuple(dimensions.values()), pad, axes)

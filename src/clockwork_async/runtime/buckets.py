@@ -3,8 +3,9 @@ tensor shapes run at, its inputs padded up to that bucket where the model pads, 
 cut back to its own lengths. Pure: numpy only.
 
 Invariants: a request reaches the core only as the variant of a bucket that holds it: each
-dimension's length equals the bucket's (padding off) or is at most it (padding on: zeros after
-the request's own values); the places of one dimension (inputs with an axis of one name) agree.
+dimension's length equals the bucket's (padding off) or is at most it and at least the declared
+``min`` (padding on: zeros after the request's own values); the places of one dimension (inputs
+with an axis of one name) agree.
 Otherwise it is answered ``bad_input`` naming the input, the axis, its length and the lengths
 declared. A request whose lengths equal its bucket's keeps its arrays (no copy; they may still
 travel by IO arena reference); a padded one travels as bytes. Outputs declared to share a
@@ -64,7 +65,8 @@ def route(bucketed: BucketedModel, inputs: Mapping[str, np.ndarray], on_reply: R
         return Routed(bucketed.largest, inputs, on_reply)
     declared = [dimension.lengths for dimension in bucketed.plan.dimensions]
     bucket = bucket_for(declared, lengths, bucketed.plan.pad)
-    if bucket is None:
+    short = any(n < d.min_length for n, d in zip(lengths, bucketed.plan.dimensions, strict=True))
+    if bucket is None or short:
         return Routed(bucketed.name, inputs, on_reply, _no_bucket(bucketed.plan, lengths))
     variant = bucketed.variants[bucket]
     if tuple(lengths) == bucket:
@@ -96,10 +98,12 @@ def _lengths(plan: ShapePlan, inputs: Mapping[str, np.ndarray]) -> list[int] | N
 def _no_bucket(plan: ShapePlan, lengths: list[int]) -> str:
     """Why no bucket holds a request: its first dimension without one."""
     for dimension, length in zip(plan.dimensions, lengths, strict=True):
+        input_name, axis = dimension.places[0]
+        where = f"input {input_name!r} axis {axis} ({dimension.name!r}) has length {length}"
+        if length < dimension.min_length:
+            return f"{where}, under its declared min {dimension.min_length}"
         fits = max(dimension.lengths) >= length if plan.pad else length in dimension.lengths
         if not fits:
-            input_name, axis = dimension.places[0]
-            where = f"input {input_name!r} axis {axis} ({dimension.name!r}) has length {length}"
             if plan.pad:
                 return f"{where}, over its largest bucket: it takes up to {max(dimension.lengths)}"
             return f"{where}; it takes only {list(dimension.lengths)} (this model does not pad)"
