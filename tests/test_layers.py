@@ -67,8 +67,6 @@ KNOWN_LONG_MODULES: frozenset[str] = frozenset(
     {
         # over MAX_LINES
         "clockwork_async.api.session",
-        "clockwork_async.connection",
-        "clockwork_async.runtime.dispatcher",
     }
 )
 
