@@ -65,7 +65,6 @@ KNOWN_CYCLE_EDGES: frozenset[tuple[str, str]] = frozenset({})
 KNOWN_LONG_MODULES: frozenset[str] = frozenset(
     {
         # over MAX_LINES
-        "clockwork_async.api.session",
         "clockwork_async.connection",
         "clockwork_async.runtime.dispatcher",
     }

@@ -1,15 +1,16 @@
-"""One client connection after its hello: requests in, `Service` calls, replies out.
+"""One client connection after its hello: requests in, `Service` calls, replies out. Infer
+requests are served here; models, stats and health by the admin verbs (`api.session_admin`).
+
+One idea: a connection's requests, from their frames to their one reply each, with the IO
+arena slots their tensors are read into.
 
 Invariants (the server's, per connection):
-- A request id is in ``_pending`` (infer) or ``_tasks`` (admin) from acceptance until its one
-  reply is sent (or dropped, the connection being gone); an id in either is refused as
-  ``duplicate_id``, so one in-flight id never has two meanings.
+- A request id is in ``_pending`` (infer) or the admin verbs' ``tasks`` (`api.session_admin`)
+  from acceptance until its one reply is sent (or dropped, the connection being gone); an id
+  in either is refused as ``duplicate_id``, so one in-flight id never has two meanings.
 - ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
   connection is gone, but the server's ``outstanding`` count is settled either way.
 - Nothing is read while the connection's transport asks writers to pause (slow reader).
-- An ``add_model`` holds its share of the server's upload budget (`SessionHost.admit_upload`)
-  from acceptance until its reply, and only the model's bytes (not the message, nor its
-  frame) while it waits for the service.
 - A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
   every request it sent has its reply queued, or the connection is gone.
 - IO arena slots (docs/architecture.md, "The data plane"): an InferRequest whose header passed
@@ -25,7 +26,6 @@ Invariants (the server's, per connection):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from collections import deque
@@ -37,41 +37,26 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import (
-    InferOutcome,
-    ModelRoute,
-    RequestHost,
-    ServiceError,
-)
+from clockwork_async.api.service import InferOutcome, ModelRoute
+from clockwork_async.api.session_admin import MODEL_CHANGES, AdminHost, AdminVerbs
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import ArenaRefusal, IoArena, Slot
 from clockwork_async.logs import request_extra
 from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
-    AddModel,
     ApiCode,
     CancelInfer,
-    CancelRegistration,
     ErrorCode,
-    GetHealth,
-    GetStats,
-    HealthReply,
     InferReply,
     InferRequest,
-    ListModels,
     Message,
-    ModelsReply,
-    ModelStatus,
     Ping,
     Pong,
-    RemoveModel,
-    StatsReply,
 )
 
 log = logging.getLogger(__name__)
 
-ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
 # How far from now a deadline may be, either way. The daemon's monotonic clock, an executor's
 # clock offset and the deadline each stay under 2**62, so a deadline moved to any executor's
@@ -87,9 +72,9 @@ def route_to(routes: Mapping[str, ModelRoute], model: str) -> tuple[str, int]:
     return (route.target, route.version) if route is not None else (model, 0)
 
 
-class SessionHost(RequestHost, Protocol):
-    """What a msgpack session needs besides: the IO arena, clocks, the upload budget, admin
-    tasks and the server's snapshot."""
+class SessionHost(AdminHost, Protocol):
+    """What a msgpack session needs besides what its admin verbs do: the IO arena and
+    clocks."""
 
     @property
     def io_arena(self) -> IoArena | None: ...
@@ -97,14 +82,6 @@ class SessionHost(RequestHost, Protocol):
     def now_ns(self) -> int: ...
 
     def unix_now_ns(self) -> int: ...
-
-    def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
-
-    def upload_ended(self, nbytes: int) -> None: ...
-
-    def track_admin(self, task: asyncio.Task[None]) -> None: ...
-
-    def snapshot(self) -> dict[str, object]: ...
 
 
 @dataclass(slots=True)
@@ -116,23 +93,6 @@ class _Pending:
     service_id: int | None = None  # None until submit returned (or if it answered at once)
     done: bool = False
     slot: Slot | None = None  # the IO arena slot its tensors were read into
-
-
-@dataclass(slots=True)
-class _UploadHold:
-    """One add_model's share of the server's upload budget, given back exactly once."""
-
-    server: SessionHost
-    nbytes: int
-    held: bool = True
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.server.upload_ended(self.nbytes)
-
-    def release_on_done(self, _task: asyncio.Task[None]) -> None:
-        self.release()
 
 
 class ApiSession:
@@ -148,21 +108,15 @@ class ApiSession:
         self._next_slot: Slot | None = None  # leased by the screen, for `_lend` right after
         self._lent: deque[Slot] = deque()  # read into, not yet handed over, in frame order
         self._refused_here: deque[tuple[Outcome, str] | None] = deque()  # screened, in order
-        self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._admin = AdminVerbs(server, scopes, self, self._send)
         self._idle = asyncio.Event()  # set while nothing is in flight
         self._idle.set()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             InferRequest: self._infer,
             CancelInfer: self._cancel,
-            ListModels: self._list_models,
-            AddModel: self._add_model,
-            RemoveModel: self._remove_model,
-            CancelRegistration: self._cancel_registration,
-            GetStats: self._stats,
-            GetHealth: self._health,
             Ping: self._ping,
+            **self._admin.handlers(),
         }
 
     @property
@@ -171,7 +125,18 @@ class ApiSession:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending) + len(self._tasks)
+        return len(self._pending) + len(self._admin.tasks)
+
+    def busy(self, request_id: int) -> bool:
+        """Whether ``request_id`` is in flight (an infer or a model change)."""
+        return request_id in self._pending or request_id in self._admin.tasks
+
+    def admin_changed(self) -> None:
+        """A model change was accepted or answered (`AdminGate`)."""
+        if self.in_flight:
+            self._idle.clear()
+        else:
+            self._idle.set()
 
     async def run(self) -> None:
         """Serve until the connection ends, handling each message as it is decoded
@@ -189,8 +154,8 @@ class ApiSession:
         handler(message)
         if not self._connection.queued_messages:
             self._requests.flush()  # this read's requests are all in: schedule them
-        if isinstance(message, AddModel | RemoveModel | CancelRegistration):
-            return self._admin_settled(message.request_id)  # its frame is not held meanwhile
+        if isinstance(message, MODEL_CHANGES):
+            return self._admin.settled(message.request_id)  # its frame is not held meanwhile
         return None  # (a slow reader: dispatch stops reading while our replies back up)
 
     async def settle(self) -> None:
@@ -323,7 +288,7 @@ class ApiSession:
         for the arena, ``bad_input``), like any other request (its tensors were never kept)."""
         request_id = screened.fields["request_id"]
         here = self._refused_here.popleft() if self._refused_here else None
-        if self._busy(request_id):
+        if self.busy(request_id):
             why = f"request id {request_id} is already in flight"
             self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
             return
@@ -343,7 +308,7 @@ class ApiSession:
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""
-        if self._busy(request.request_id):
+        if self.busy(request.request_id):
             return ApiCode.DUPLICATE_ID, f"request id {request.request_id} is already in flight"
         if not self._server.accepting_requests:
             return Outcome.SHUTTING_DOWN, "the server is shutting down"
@@ -355,9 +320,6 @@ class ApiSession:
             limit = limits.max_outstanding_total
             return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
         return _deadline_problem(request, self._server.unix_now_ns())
-
-    def _busy(self, request_id: int) -> bool:
-        return request_id in self._pending or request_id in self._tasks
 
     def _on_outcome(self, request_id: int, entry: _Pending, outcome: InferOutcome) -> None:
         if entry.done:
@@ -387,7 +349,7 @@ class ApiSession:
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if not self._pending and not self._tasks:
+        if not self._pending and not self._admin.tasks:
             self._idle.set()
 
     def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
@@ -404,169 +366,15 @@ class ApiSession:
         if entry is not None and entry.service_id is not None and not entry.done:
             self._requests.cancel(entry.service_id)
 
-    # --- models -----------------------------------------------------------------------------
-
-    def _list_models(self, request: ListModels) -> None:
-        def answer() -> ModelsReply:
-            models = tuple(self._service.list_models())
-            return ModelsReply(request.request_id, ApiCode.OK, f"{len(models)} models", models)
-
-        self._answer_now(request.request_id, answer, ModelsReply)
-
-    def _add_model(self, request: AddModel) -> None:
-        request_id = request.request_id
-        onnx = request.files.get(ONNX_FILE)
-        if set(request.files) != {ONNX_FILE} or onnx is None or not _is_byte_vector(onnx):
-            why = f"add_model takes exactly one file, {ONNX_FILE!r}, as a 1-D uint8 tensor"
-            self._send(ModelsReply(request_id, ApiCode.BAD_REQUEST, why))
-            return
-        refusal = self._admin_refusal(request_id, "add_model")
-        refusal = refusal or self._server.admit_upload(onnx.nbytes)
-        if refusal is not None:
-            self._send(ModelsReply(request_id, *refusal))
-            return
-        # The task holds a copy of the model's bytes, never the message (nor its frame).
-        self._start_upload(request, onnx.tobytes())
-
-    def _start_upload(self, request: AddModel, onnx_bytes: bytes) -> None:
-        """Run an admitted upload; its share of the server's budget is given back once."""
-        hold = _UploadHold(self._server, len(onnx_bytes))
-        request_id, name, model_toml = request.request_id, request.name, request.model_toml
-        replace, wait = request.replace, request.wait
-
-        async def add() -> ModelsReply:
-            try:
-                status = await self._service.add_model(
-                    name, onnx_bytes, model_toml, replace=replace, wait=wait
-                )
-            finally:
-                hold.release()  # before the reply: the client may upload again at once
-            done = f"replaced by version {status.version}" if replace else "added"
-            done = done if wait else f"stored as version {status.version}; {status.state}"
-            return _models_reply(request_id, f"model {name!r} {done}", status)
-
-        task = self._spawn_admin(request_id, "add_model", add)
-        task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
-
-    def _remove_model(self, request: RemoveModel) -> None:
-        async def remove() -> ModelsReply:
-            await self._service.remove_model(request.name)
-            return _models_reply(request.request_id, f"model {request.name!r} removed")
-
-        self._start_admin(request.request_id, "remove_model", remove)
-
-    def _cancel_registration(self, request: CancelRegistration) -> None:
-        async def cancel() -> ModelsReply:
-            status = await self._service.cancel_registration(request.name)
-            return _models_reply(request.request_id, f"registration of {request.name!r}", status)
-
-        self._start_admin(request.request_id, "cancel_registration", cancel)
-
-    def _start_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> None:
-        refusal = self._admin_refusal(request_id, what)
-        if refusal is not None:
-            self._send(ModelsReply(request_id, *refusal))
-            return
-        self._spawn_admin(request_id, what, work)
-
-    def _spawn_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._run_admin(request_id, what, work))
-        self._tasks[request_id] = task
-        self._idle.clear()
-        self._server.track_admin(task)
-        return task
-
-    def _admin_refusal(self, request_id: int, what: str) -> tuple[str, str] | None:
-        if Scope.ADMIN not in self._scopes:
-            return ApiCode.FORBIDDEN, f"{what} needs a token with the admin scope"
-        if self._busy(request_id):
-            return ApiCode.DUPLICATE_ID, f"request id {request_id} is already in flight"
-        if not self._server.accepting_requests:
-            return ApiCode.SHUTTING_DOWN, "the server is shutting down"
-        if self.in_flight >= self._server.limits.max_outstanding_per_connection:
-            return ApiCode.OVERLOADED, "this connection has too many requests in flight"
-        return None
-
-    async def _admin_settled(self, request_id: int) -> None:
-        """Read nothing more from this connection until its model change is answered: one
-        change at a time per connection, so pipelined uploads wait in the socket (bounded by
-        the kernel and the decoder's queue), not in memory as tasks holding their bytes."""
-        task = self._tasks.get(request_id)
-        if task is not None:
-            await asyncio.wait({task})  # run() being cancelled must not cancel the change
-
-    async def _run_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> None:
-        try:
-            reply = await work()
-        except ServiceError as error:
-            reply = ModelsReply(request_id, error.code, error.message)
-        except Exception as error:
-            log.exception("%s (request %d) failed", what, request_id)
-            reply = ModelsReply(request_id, ApiCode.INTERNAL, f"{what} failed: {error!r}")
-        finally:
-            self._tasks.pop(request_id, None)
-        self._send_quietly(reply)
-        self._maybe_idle()
-
-    # --- stats, health, ping -------------------------------------------------------------------
-
-    def _stats(self, request: GetStats) -> None:
-        def answer() -> StatsReply:
-            stats = dict(self._service.stats())
-            stats.setdefault("api", self._server.snapshot())
-            data = json.dumps(stats, separators=(",", ":"), default=str).encode()
-            return StatsReply(request.request_id, ApiCode.OK, "stats", data)
-
-        self._answer_now(request.request_id, answer, StatsReply)
-
-    def _health(self, request: GetHealth) -> None:
-        def answer() -> HealthReply:
-            health = self._service.health()
-            sentence = "ready" if health.ready else f"not ready: {health.reason}"
-            return HealthReply(
-                request.request_id, ApiCode.OK, sentence, health.live, health.ready, health.reason
-            )
-
-        self._answer_now(request.request_id, answer, HealthReply)
+    # --- ping, sending -------------------------------------------------------------------------
 
     def _ping(self, ping: Ping) -> None:
         self._send(Pong(ping.seq, ping.sent_ns, self._server.now_ns()))
-
-    # --- sending --------------------------------------------------------------------------------
-
-    def _answer_now(
-        self,
-        request_id: int,
-        answer: Callable[[], Message],
-        reply_type: type[ModelsReply] | type[StatsReply] | type[HealthReply],
-    ) -> None:
-        """Send ``answer()``; a failure of the service or of encoding becomes ``internal``."""
-        if self._busy(request_id):
-            why = f"request id {request_id} is already in flight"
-            self._send(reply_type(request_id, ApiCode.DUPLICATE_ID, why))
-            return
-        try:
-            self._send(answer())
-        except Exception as error:  # a bug in the service, or a reply too large to encode
-            log.exception("%s (request %d) failed", reply_type.TAG, request_id)
-            self._send(reply_type(request_id, ApiCode.INTERNAL, f"failed: {error!r}"))
 
     def _send(self, message: Message) -> None:
         """Queue ``message`` unless the connection is gone. Raises EncodeError."""
         if self._connection.state is ConnectionState.OPEN:
             self._connection.send(message)
-
-    def _send_quietly(self, reply: ModelsReply) -> None:
-        try:
-            self._send(reply)
-        except EncodeError as error:
-            self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
 
 
 def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str] | None:
@@ -589,14 +397,6 @@ def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str
             )
             return Outcome.BAD_INPUT, why
     return None
-
-
-def _is_byte_vector(array: np.ndarray) -> bool:
-    return bool(array.dtype == np.uint8 and array.ndim == 1)
-
-
-def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> ModelsReply:
-    return ModelsReply(request_id, ApiCode.OK, sentence, models)
 
 
 def slo_ms_to_ns(slo_ms: float) -> int:
