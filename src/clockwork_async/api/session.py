@@ -30,13 +30,14 @@ import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
 from clockwork_async.api.auth import Scope
+from clockwork_async.api.rows import Rows, RowsJoin, RowsRefused, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, ModelRoute
 from clockwork_async.api.session_admin import MODEL_CHANGES, AdminHost, AdminVerbs
 from clockwork_async.connection import Connection, ConnectionState
@@ -90,9 +91,11 @@ class _Pending:
 
     received_ns: int
     model_version: int = 0  # the version it was routed to (0: a name without a route)
-    service_id: int | None = None  # None until submit returned (or if it answered at once)
-    done: bool = False
     slot: Slot | None = None  # the IO arena slot its tensors were read into
+    rows: int = 1  # a client batch's rows, each a request of the request path's (`api.rows`)
+    service_ids: list[int] = field(default_factory=list)  # its rows', as submit returned them
+    done: bool = False
+    row_failed: bool = False  # a row was refused: the rest are cancelled
 
 
 class ApiSession:
@@ -177,8 +180,7 @@ class ApiSession:
         """The connection is gone: cancel what it still waits for (each once), and release
         the slots of frames never handed over (one cut off mid-tensor included)."""
         for entry in list(self._pending.values()):
-            if entry.service_id is not None and not entry.done:
-                self._requests.cancel(entry.service_id)
+            self._cancel_rows(entry)
         unclaimed = [*self._lent, *([self._next_slot] if self._next_slot else [])]
         self._lent.clear()
         self._next_slot = None
@@ -189,29 +191,25 @@ class ApiSession:
 
     def _infer(self, request: InferRequest) -> None:
         slot = self._claim_slot(request)
-        refusal = self._refusal(request)
+        refusal, rows = self._refusal(request), [request.inputs]
+        if refusal is None:
+            try:
+                rows = self._rows(request)
+            except RowsRefused as refused:
+                refusal = refused.outcome, refused.message
         if refusal is not None:
             self._send_infer_reply(request.request_id, *refusal)
             if slot is not None:
                 slot.release()
             return
-        slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
         model, version = self._route(request.model)  # read here, once: a swap is atomic
-        entry = _Pending(self._server.now_ns(), version, slot=slot)
+        entry = _Pending(self._server.now_ns(), version, slot=slot, rows=len(rows))
         self._pending[request.request_id] = entry
         self._idle.clear()
-        self._server.request_started()
-        on_reply = partial(self._on_outcome, request.request_id, entry)
-        in_slot = {} if slot is None else {"slot": slot}  # a service without an arena: none
+        for _ in rows:
+            self._server.request_started()
         try:
-            service_id = self._requests.submit(
-                model,
-                request.inputs,
-                slo_ns=slo_ns,
-                deadline_unix_ns=request.deadline_unix_ns,
-                on_reply=on_reply,
-                **in_slot,
-            )
+            self._submit(request, model, rows, entry)
         except Exception as error:  # a bug in the service: this request alone fails
             peer = self._connection.peername
             log.exception("submit failed (client %r, its request %d)", peer, request.request_id)
@@ -220,9 +218,54 @@ class ApiSession:
                 why = f"submit failed: {error!r}"
                 self._send_infer_reply(request.request_id, ApiCode.INTERNAL, why)
                 self._release(entry, with_outputs=False)
-            return
-        if not entry.done:
-            entry.service_id = service_id
+            self._cancel_rows(entry)
+
+    def _rows(self, request: InferRequest) -> Rows:
+        """The request's rows (`api.rows.plan_rows`). Raises RowsRefused."""
+        room = self._server.limits.max_outstanding_total - self._server.outstanding
+        models = self._service.list_models
+        return plan_rows(request.inputs, lambda: status_in(models(), request.model), room)
+
+    def _submit(self, request: InferRequest, model: str, rows: Rows, entry: _Pending) -> None:
+        """Submit ``rows`` to the request path: one row as it is; a client batch as rows
+        whose answers are joined (`RowsJoin`), each row in a part of the request's slot."""
+        slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
+        on_reply = partial(self._on_outcome, request.request_id, entry)
+        slot = entry.slot
+        replies: list[Callable[[InferOutcome], None]]
+        slots: list[Slot | None]
+        if len(rows) == 1:
+            replies, slots = [on_reply], [slot]
+        else:
+            join = RowsJoin(len(rows), on_reply, partial(self._row_failed, entry))
+            replies = [join.on_row(index) for index in range(len(rows))]
+            slots = [None if slot is None else slot.part() for _ in rows]
+        for row, row_reply, row_slot in zip(rows, replies, slots, strict=True):
+            in_slot = {} if row_slot is None else {"slot": row_slot}  # no arena: none
+            service_id = self._requests.submit(
+                model,
+                row,
+                slo_ns=slo_ns,
+                deadline_unix_ns=request.deadline_unix_ns,
+                on_reply=row_reply,
+                **in_slot,
+            )
+            entry.service_ids.append(service_id)
+            if entry.row_failed:
+                self._requests.cancel(service_id)  # a row before it was refused
+
+    def _row_failed(self, entry: _Pending) -> None:
+        """A row of a client batch was refused: the answer is, so the other rows need not
+        run."""
+        entry.row_failed = True
+        self._cancel_rows(entry)
+
+    def _cancel_rows(self, entry: _Pending) -> None:
+        """Cancel every row of ``entry`` still in the request path (answered ones ignore it)."""
+        for service_id in entry.service_ids:
+            if entry.done:
+                return
+            self._requests.cancel(service_id)
 
     def _screen(self, cls: type[Any], fields: Mapping[str, Any], nbytes: int) -> str | None:
         """The door, from an InferRequest's header: the service says whether to keep it."""
@@ -327,6 +370,9 @@ class ApiSession:
             log.error("answered twice; the second answer is dropped", extra=extra)
             return
         self._finish(request_id, entry)
+        # A client batch's outputs are its rows' joined (copied) out of the arena: only one
+        # row's are views of the slot, which must then outlive the reply's write.
+        in_slot = bool(outcome.outputs) and entry.rows == 1
         timing_ns = {key: int(value) for key, value in outcome.timing_ns.items()}
         timing_ns["total"] = self._server.now_ns() - entry.received_ns
         self._send_infer_reply(
@@ -339,13 +385,14 @@ class ApiSession:
             batch_size=outcome.batch_size,
             model_version=entry.model_version,
         )
-        self._release(entry, with_outputs=bool(outcome.outputs))
+        self._release(entry, with_outputs=in_slot)
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
         entry.done = True
         if self._pending.get(request_id) is entry:
             del self._pending[request_id]
-        self._server.request_ended()
+        for _ in range(entry.rows):
+            self._server.request_ended()
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
@@ -363,8 +410,8 @@ class ApiSession:
 
     def _cancel(self, request: CancelInfer) -> None:
         entry = self._pending.get(request.request_id)
-        if entry is not None and entry.service_id is not None and not entry.done:
-            self._requests.cancel(entry.service_id)
+        if entry is not None:
+            self._cancel_rows(entry)
 
     # --- ping, sending -------------------------------------------------------------------------
 
