@@ -149,10 +149,10 @@ class RowsJoin:
                 return  # answered twice: the request path's bug, the first answer stands
             self._outcomes[index] = outcome
             self._left -= 1
-            if outcome.outcome not in ANSWERED and not self._failed:
-                self._failed = True
-                self._on_failed()
             if not self._left:
                 self._on_joined(join_outcomes([o for o in self._outcomes if o is not None]))
+            elif outcome.outcome not in ANSWERED and not self._failed:
+                self._failed = True
+                self._on_failed()  # may answer the other rows, and join them, before it returns
 
         return on_reply

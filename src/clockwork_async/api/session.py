@@ -95,7 +95,7 @@ class _Pending:
     rows: int = 1  # a client batch's rows, each a request of the request path's (`api.rows`)
     service_ids: list[int] = field(default_factory=list)  # its rows', as submit returned them
     done: bool = False
-    row_failed: bool = False  # a row was refused: the rest are cancelled
+    cancelling: bool = False  # cancelled, or a row was refused: every row is cancelled
 
 
 class ApiSession:
@@ -213,12 +213,12 @@ class ApiSession:
         except Exception as error:  # a bug in the service: this request alone fails
             peer = self._connection.peername
             log.exception("submit failed (client %r, its request %d)", peer, request.request_id)
+            self._cancel_rows(entry)  # a batch's rows before it (their join never comes)
             if not entry.done:
                 self._finish(request.request_id, entry)
                 why = f"submit failed: {error!r}"
                 self._send_infer_reply(request.request_id, ApiCode.INTERNAL, why)
                 self._release(entry, with_outputs=False)
-            self._cancel_rows(entry)
 
     def _rows(self, request: InferRequest) -> Rows:
         """The request's rows (`api.rows.plan_rows`). Raises RowsRefused."""
@@ -237,7 +237,7 @@ class ApiSession:
         if len(rows) == 1:
             replies, slots = [on_reply], [slot]
         else:
-            join = RowsJoin(len(rows), on_reply, partial(self._row_failed, entry))
+            join = RowsJoin(len(rows), on_reply, partial(self._cancel_rows, entry))
             replies = [join.on_row(index) for index in range(len(rows))]
             slots = [None if slot is None else slot.part() for _ in rows]
         for row, row_reply, row_slot in zip(rows, replies, slots, strict=True):
@@ -251,17 +251,16 @@ class ApiSession:
                 **in_slot,
             )
             entry.service_ids.append(service_id)
-            if entry.row_failed:
+            if entry.cancelling and not entry.done:
                 self._requests.cancel(service_id)  # a row before it was refused
 
-    def _row_failed(self, entry: _Pending) -> None:
-        """A row of a client batch was refused: the answer is, so the other rows need not
-        run."""
-        entry.row_failed = True
-        self._cancel_rows(entry)
-
     def _cancel_rows(self, entry: _Pending) -> None:
-        """Cancel every row of ``entry`` still in the request path (answered ones ignore it)."""
+        """Cancel every row of ``entry`` still in the request path, once (answered ones ignore
+        it): the request was cancelled or its connection went, or a row of a client batch was
+        refused (then so is the answer: the other rows need not run)."""
+        if entry.cancelling:
+            return
+        entry.cancelling = True
         for service_id in entry.service_ids:
             if entry.done:
                 return
