@@ -222,6 +222,9 @@ class ApiSession:
 
     def _rows(self, request: InferRequest) -> Rows:
         """The request's rows (`api.rows.plan_rows`). Raises RowsRefused."""
+        first = next(iter(request.inputs.values()), None)
+        if first is None or not first.ndim or first.shape[0] == 1:
+            return [request.inputs]  # one row, as plan_rows would say: most requests' way
         room = self._server.limits.max_outstanding_total - self._server.outstanding
         models = self._service.list_models
         return plan_rows(request.inputs, lambda: status_in(models(), request.model), room)
