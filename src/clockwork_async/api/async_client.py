@@ -276,8 +276,7 @@ class AsyncClient:
     async def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> InferResult:
-        """Run ``model`` on one row of every input, or on N rows (a client batch of up to the
-        model's largest batch size, answered as one, docs/protocol.md); returns the daemon's
+        """Run ``model`` on one row of every input, or N rows (docs/protocol.md): the daemon's
         answer whatever its status (check ``.ok``). Raises ConnectionClosedError."""
         await self._drain()
         return await self.start_infer(model, inputs, **deadline)
