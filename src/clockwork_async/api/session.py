@@ -21,6 +21,11 @@ Invariants (the server's, per connection):
   whose frames were never handed over, when the connection goes. The request path may hold
   pins on it meanwhile (an executor reading or writing it), which delay the free, never the
   release.
+- A client batch (`api.rows`) is one entry in ``_pending`` for N rows submitted as N
+  requests, each in a part of the request's one slot (`Slot.part`: pins go to the slot); it
+  is answered once, when its last row is (`RowsJoin`), counted N times in the server's
+  ``outstanding``, and cancelled whole (every row, once). Its joined outputs are copies, so
+  its slot is released when that reply is queued.
 """
 
 from __future__ import annotations
