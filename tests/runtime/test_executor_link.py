@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async.connection import Connection, start_server
+from clockwork_async.connection import Connection
+from clockwork_async.endpoints import start_server
 from clockwork_async.runtime import executor_link
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.executor_link import (

@@ -31,8 +31,9 @@ from enum import StrEnum
 from typing import TypeVar
 
 from clockwork_async.config.keys import internal, nested, ranged
-from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.connection import Connection, ConnectionClosed
 from clockwork_async.core.config import ConfigError
+from clockwork_async.endpoints import open_connection
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.clock_sync import ClockSync, ClockSyncError
 from clockwork_async.wire.codec import ProtocolError
