@@ -22,8 +22,8 @@ import pytest
 
 from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.client import Client
-from clockwork_async.connection import open_connection
 from clockwork_async.daemon.lifecycle import Daemon
+from clockwork_async.endpoints import open_connection
 from clockwork_async.models.demo import build_mlp, build_tiny
 from clockwork_async.wire.messages import PROTOCOL_VERSION, Hello, InferRequest
 
