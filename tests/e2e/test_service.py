@@ -17,8 +17,8 @@ from clockwork_async.api.service import ModelRoute, ServiceError
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.daemon.admin import DaemonService
+from clockwork_async.daemon.instances import Registration
 from clockwork_async.daemon.metrics import Metrics
-from clockwork_async.daemon.registration_settings import Registration
 from clockwork_async.models.demo import build_tiny
 from clockwork_async.models.profile_cache import ProfileCache
 from clockwork_async.models.repository import Repository

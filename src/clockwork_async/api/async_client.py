@@ -277,8 +277,8 @@ class AsyncClient:
     async def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> InferResult:
-        """Run ``model`` on one row of every input; returns the daemon's answer whatever its
-        status (check ``.ok``). Raises ConnectionClosedError."""
+        """Run ``model`` on one row of every input, or N rows (docs/protocol.md): the daemon's
+        answer whatever its status (check ``.ok``). Raises ConnectionClosedError."""
         await self._drain()
         return await self.start_infer(model, inputs, **deadline)
 

@@ -8,9 +8,9 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; a client batch of N rows is submitted as N requests and answered as one
-(`api.v2_rows`). Where the daemon has an IO arena, each row's tensors are copied once into a
-slot of their own (`api.v2_arena`), as the msgpack API reads its tensors into one, so local
-executors read them by reference.
+(`api.rows`, as the msgpack session does). Where the daemon has an IO arena, each row's
+tensors are copied once into a slot of their own (`api.v2_arena`), as the msgpack API reads
+its tensors into one, so local executors read them by reference.
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
@@ -33,10 +33,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope, TokenAuth
+from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, RequestHost, ServiceError
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_arena import detach, into_slots
-from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
@@ -57,7 +57,6 @@ INDEX_STATE = {
     "registering": "LOADING",
     "profiling": "LOADING",
 }
-MAX_ROWS = 1024  # rows of one client batch, each a request of its own
 
 
 class DoorHost(RequestHost, Protocol):
@@ -203,23 +202,14 @@ class Door:
                 body.release()
 
     def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
-        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight. Only
-        then is the model's status read (its inputs' batch axes): a request of one row costs
-        no lookup."""
-        rows = leading_rows(inputs)
-        if rows == 1 or not has_batch_axis(self._inputs_of(model)):
-            return [inputs]
-        room = self.host.limits.max_outstanding_total - self.host.outstanding
-        if rows > min(room, MAX_ROWS):
-            why = f"a batch over {MAX_ROWS} rows, or more than the server has room for now"
-            raise V2Error(Outcome.OVERLOADED, why)
-        return split_rows(inputs, rows)
-
-    def _inputs_of(self, model: str) -> tuple[TensorSpec, ...]:
-        for status in self.host.service.list_models():
-            if status.name == model:
-                return status.inputs
-        return ()
+        """A client batch as rows (`api.rows.plan_rows`: at most the model's largest batch,
+        within the cap on requests in flight). Raises V2Error."""
+        host = self.host
+        room = host.limits.max_outstanding_total - host.outstanding
+        try:
+            return plan_rows(inputs, lambda: status_in(host.service.list_models(), model), room)
+        except RowsRefused as refused:
+            raise V2Error(refused.outcome, refused.message) from None
 
     def _start(
         self,

@@ -27,8 +27,8 @@ from clockwork_async.config.daemon import (
     ServerConfig,
 )
 from clockwork_async.daemon.admin import DaemonService
+from clockwork_async.daemon.instances import Registration
 from clockwork_async.daemon.metrics import ExecutorGauges, LiveSnapshot
-from clockwork_async.daemon.registration_settings import Registration
 from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.models.profile_cache import ProfileCache, machine_key
 from clockwork_async.models.repository import ModelEntry, Repository

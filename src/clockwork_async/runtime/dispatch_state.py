@@ -35,6 +35,7 @@ from clockwork_async.core.controller import Controller
 from clockwork_async.core.events import Abandon, Event, LaneReserved, RequestArrived, Shutdown
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import IoArena
+from clockwork_async.runtime.buckets import BucketedModel
 from clockwork_async.runtime.config import RuntimeConfig
 from clockwork_async.runtime.executor_link import ExecutorLink
 from clockwork_async.runtime.hop import Hops
@@ -136,6 +137,7 @@ class DispatcherHoldings:
         self.action_listeners: list[ActionListener] = []
         self.executor_listeners: list[ExecutorListener] = []
         self._arena: IoArena | None = None
+        self.buckets: dict[str, BucketedModel] = {}  # served by shape buckets, by request name
         self._feed(self._hops.initial())
 
     def use_arena(self, arena: IoArena | None) -> None:

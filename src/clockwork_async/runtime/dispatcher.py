@@ -127,12 +127,15 @@ class Dispatcher(Door, LaneReservations):
         """
         request_id = next(self._request_ids)
         now_ns = self._now_ns()
+        routed = self._route(model, inputs, on_reply)  # shape buckets: its bucket's variant
+        if routed is not None:
+            model, inputs, on_reply = routed.model, routed.inputs, routed.on_reply
         request = PendingRequest(
             request_id, model, inputs, on_reply, now_ns, deadline_ns, slot=slot
         )
         self._book.add_request(request)
         nbytes = tensor_bytes(inputs)
-        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns, routed)
         self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)

@@ -3,16 +3,20 @@
 A request is refused at the door when the server is draining (``shutting_down``), when the
 daemon's own loop is too far behind to meet its deadline (``overloaded``), when its model is
 not served (``unknown_model``) or when its tensors do not fit the model (``bad_input``, which
-the core never sees). `screen` asks the loop question from a frame's header alone, so that an
-``overloaded`` request's tensors are never kept; `refuse` answers it.
+the core never sees). A request for a model served by shape buckets is first routed to the
+variant of its bucket (`_route`, runtime/buckets.py: padded where the model pads), or refused
+``bad_input`` when no bucket holds it. `screen` asks the loop question from a frame's header
+alone, so that an ``overloaded`` request's tensors are never kept; `refuse` answers it.
 
 Invariants:
 - The door changes nothing it refuses for: `screen` and `_refusal` only read; a refused
   request is answered before `submit` (or `refuse`) returns, through the request book like
   every other answer.
 - A request's deadline is resolved in one place (`_deadline_ns`), for `submit` and `screen`
-  alike: its Unix deadline if it has one, else its SLO, else its model's default SLO
-  (`DEFAULT_SLO_NS` for a model that is not served: it is refused anyway).
+  alike: its Unix deadline if it has one, else its SLO, else its model's default SLO (a
+  bucketed model's: its largest bucket's; `DEFAULT_SLO_NS` for a model that is not served:
+  it is refused anyway).
+- A request for a model that is not bucketed never enters runtime/buckets.py.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import numpy as np
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.runtime.batching import BadInput, validate_request
+from clockwork_async.runtime.buckets import Routed, route
 from clockwork_async.runtime.dispatch_state import DispatcherHoldings, DispatcherState
 from clockwork_async.runtime.requests import PendingRequest, resolve_deadline_ns
 
@@ -36,23 +41,39 @@ class Door(DispatcherHoldings):
     def _deadline_ns(
         self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
     ) -> int:
-        served = self._models.get(model)
+        bucketed = self.buckets.get(model)
+        served = self._models.get(bucketed.largest if bucketed is not None else model)
         default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
         return resolve_deadline_ns(
             slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
         )
 
+    def _route(
+        self, model: str, inputs: Mapping[str, np.ndarray], on_reply: Callable[[InferOutcome], None]
+    ) -> Routed | None:
+        """Where a request for a bucketed model goes (`buckets.route`); None for any other."""
+        bucketed = self.buckets.get(model)
+        return route(bucketed, inputs, on_reply) if bucketed is not None else None
+
     def _refusal(
-        self, model: str, inputs: Mapping[str, np.ndarray], slo_ns: int, now_ns: int
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        slo_ns: int,
+        now_ns: int,
+        routed: Routed | None = None,
     ) -> tuple[Outcome, str] | None:
         """Why a request is answered at once, without the core: the server is draining, the
-        daemon's own loop is too far behind for it (`_loop_refusal`), the model is unknown,
-        or its tensors do not fit the model (which the core never sees)."""
+        daemon's own loop is too far behind for it (`_loop_refusal`), no bucket of its model
+        holds it (``routed``), the model is unknown, or its tensors do not fit the model
+        (which the core never sees)."""
         if self._state is not DispatcherState.RUNNING:
             return Outcome.SHUTTING_DOWN, "the server is shutting down"
         overloaded = self._loop_refusal(slo_ns, now_ns)
         if overloaded is not None:
             return Outcome.OVERLOADED, overloaded
+        if routed is not None and routed.bad_input:
+            return Outcome.BAD_INPUT, routed.bad_input
         served = self._models.get(model)
         if served is None:
             return Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered"
