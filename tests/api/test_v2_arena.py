@@ -83,14 +83,20 @@ def grpc_input(row: np.ndarray) -> triton_aio.InferInput:
 async def test_http_rows_are_copied_once_into_a_slot_released_with_the_answer(
     fronts: Fronts, service: FakeService, binary: bool
 ) -> None:
-    x = np.arange(8, dtype=np.float32).reshape(2, 4)  # a client batch: a slot per row
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)  # a client batch: a slot (part) per row
     y = await asyncio.to_thread(http_infer, fronts.http, "echo", x, binary)
     np.testing.assert_array_equal(y, x * 2)
     slots = [submitted.slot for submitted in service.submitted]
     assert len(slots) == 2 and all(isinstance(slot, Slot) for slot in slots)
-    for submitted in service.submitted:
+    assert slots[0] is not slots[1]  # an output region each
+    for index, submitted in enumerate(service.submitted):
         assert isinstance(submitted.slot, Slot)
-        assert fronts.arena.offset_of(submitted.inputs["x"]) == submitted.slot.offset
+        offset = fronts.arena.offset_of(submitted.inputs["x"])
+        if binary:  # parts of the slot the body was read into: its rows, in place
+            assert submitted.slot.offset == slots[0].offset and offset is not None
+            assert offset == fronts.arena.offset_of(service.submitted[0].inputs["x"]) + 16 * index
+        else:  # copied, each row into a slot of its own
+            assert offset == submitted.slot.offset
     assert fronts.arena.used_bytes == 0 and fronts.arena.live_slots == 0
 
 
@@ -155,12 +161,12 @@ async def test_a_refused_row_releases_the_rows_leased_before_it() -> None:
         with pytest.raises(V2Error) as raised:
             into_slots(arena, "a connection", rows)
         assert raised.value.code == Outcome.OVERLOADED and arena.used_bytes == 0
-        ((copied, slot),) = into_slots(arena, "a connection", rows[:1])
+        ((copied, slot, release),) = into_slots(arena, "a connection", rows[:1])
         assert slot is not None and copied["x"].base is not None
         output = slot.array[:16].view(np.float32)
         outcome = InferOutcome(1, Outcome.OK, "", {"y": output}, {}, None, 1)
         kept = detach(outcome, arena)
-        slot.release()
+        release()
         assert arena.offset_of(kept.outputs["y"]) is None
         np.testing.assert_array_equal(kept.outputs["y"], ROW_14K[0, :4])
     finally:

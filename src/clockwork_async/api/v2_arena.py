@@ -5,13 +5,13 @@ does the msgpack API's; outputs the executor wrote into the slot's output region
 out before the slot goes back. No I/O: arrays in, slots and arrays out.
 
 Invariants:
-- One slot per row (a client batch's rows each have their own): a slot's output region holds
-  one row's outputs, so rows must not share one.
+- One slot per row, or one part of a shared slot per row (`Slot.part`): an output region holds
+  one row's outputs, so rows never share one.
 - Each input sits at a 64-byte aligned offset in its slot, in the row's order, a C-contiguous
   array of the row's dtype and shape: exactly what `runtime.batching.input_refs` takes.
 - An HTTP body may be read straight into a slot (`BodyInSlot`, one copy from httptools'
-  chunks); the door takes it over and keeps it as the row's slot when the request is one row
-  whose inputs are all aligned views of it, else copies the rows out and releases it.
+  chunks); the door takes it over and keeps it (a part per row for a client batch) when every
+  row's inputs are aligned views of it, else copies the rows out and releases it.
 - All or nothing: when any row finds no room (the arena full, or the connection over its
   share: ``overloaded``; a row larger than one connection may hold: ``bad_input``, as the
   msgpack API refuses them), the slots already leased for the request are released before
@@ -22,7 +22,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -34,6 +34,8 @@ from clockwork_async.ioarena.shared import ArenaRefusal, IoArena, Slot
 from clockwork_async.ioarena.slots import DEFAULT_ALIGN_BYTES, align_up
 
 Row = Mapping[str, np.ndarray]
+# A row as submitted: its inputs, its slot (or None), what to call once it has its outcome.
+Placed = tuple[Row, Slot | None, Callable[[], None]]
 
 
 def row_layout(row: Row) -> tuple[list[int], int]:
@@ -48,29 +50,51 @@ def row_layout(row: Row) -> tuple[list[int], int]:
 
 def into_slots(
     arena: IoArena, owner: object, rows: Sequence[Row], body: Slot | None = None
-) -> list[tuple[Row, Slot | None]]:
+) -> list[Placed]:
     """Each row copied once into a slot leased for ``owner`` (a row without bytes keeps its
-    arrays and no slot). ``body``: a slot the request's body was read into (`BodyInSlot`),
-    taken over: a request of one row whose every input is an aligned view of it keeps it as
-    its slot, no copy; otherwise it is released once the rows are copied. Raises V2Error
-    (``overloaded``, ``bad_input``) having released every slot it leased, and ``body``."""
+    arrays and no slot), with what to call once that row has its outcome (`Placed`).
+    ``body``: a slot the request's body was read into (`BodyInSlot`), taken over: when every
+    input of every row is an aligned view of it, no copy: a request of one row keeps it as its
+    slot, a client batch's rows each take a part of it (`Slot.part`: an output region of its
+    own), and it is released once the last row has its outcome; otherwise it is released once
+    the rows are copied. Raises V2Error (``overloaded``, ``bad_input``) having released every
+    slot it leased, and ``body``."""
     if body is not None:
-        if len(rows) == 1 and all(_in_slot(arena, body, a) for a in rows[0].values()):
-            return [(rows[0], body)]
+        if all(_in_slot(arena, body, array) for row in rows for array in row.values()):
+            return _shared(body, rows)
         try:
             return into_slots(arena, owner, rows)
         finally:
             body.release()  # the rows are copied out of it (or refused)
-    placed: list[tuple[Row, Slot | None]] = []
+    placed: list[Placed] = []
     try:
         for row in rows:
-            placed.append(_into_slot(arena, owner, row))
+            copied, slot = _into_slot(arena, owner, row)
+            placed.append((copied, slot, slot.release if slot is not None else _nothing))
     except V2Error:
-        for _, slot in placed:
-            if slot is not None:
-                slot.release()
+        for _, _, release in placed:
+            release()
         raise
     return placed
+
+
+def _shared(slot: Slot, rows: Sequence[Row]) -> list[Placed]:
+    """``rows``, all in ``slot``: one row keeps it; several take a part each, and the slot is
+    released once each row's release was called."""
+    if len(rows) == 1:
+        return [(rows[0], slot, slot.release)]
+    left = [len(rows)]
+
+    def row_done() -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            slot.release()
+
+    return [(row, slot.part(), row_done) for row in rows]
+
+
+def _nothing() -> None:
+    pass
 
 
 def _into_slot(arena: IoArena, owner: object, row: Row) -> tuple[Row, Slot | None]:

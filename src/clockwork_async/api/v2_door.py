@@ -36,7 +36,7 @@ from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, RequestHost, ServiceError
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
-from clockwork_async.api.v2_arena import detach, into_slots
+from clockwork_async.api.v2_arena import Placed, detach, into_slots
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
@@ -146,10 +146,15 @@ class Door:
             model, version, slo_ns, nbytes, build, owner, body
         )
         tickets = [_Ticket() for _ in placed]
-        futures = [
-            self._start(target, row, slo_ns, reason, nbytes, t, slot)
-            for (row, slot), t in zip(placed, tickets, strict=True)
-        ]
+        futures: list[asyncio.Future[InferOutcome]] = []
+        try:
+            for (row, slot, release), ticket in zip(placed, tickets, strict=True):
+                started = self._start(target, row, slo_ns, reason, nbytes, ticket, slot, release)
+                futures.append(started)
+        except BaseException:  # a submit failed (a bug): the rows not started give theirs back
+            for _, _, release in placed[len(futures) + 1 :]:
+                release()
+            raise
         try:
             if len(futures) == 1:  # one row (most requests): no gathering future around it
                 return Answer(join_outcomes([await futures[0]]), served_version)
@@ -169,7 +174,7 @@ class Door:
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object,
         body: Slot | None,
-    ) -> tuple[str, int, str | None, list[tuple[Mapping[str, np.ndarray], Slot | None]]]:
+    ) -> tuple[str, int, str | None, list[Placed]]:
         """The request up to its submit: where it goes, the screen's refusal (if any), and its
         rows, each with its arena slot. ``body`` ends kept as a row's slot or released,
         whatever happens. Raises V2Error."""
@@ -193,7 +198,7 @@ class Door:
             rows = self._rows(model, inputs)
             arena = host.io_arena
             if arena is None or reason is not None:
-                return target, served_version, reason, [(row, None) for row in rows]
+                return target, served_version, reason, [(row, None, _nothing) for row in rows]
             handed = True
             owner = owner if owner is not None else self
             return target, served_version, reason, into_slots(arena, owner, rows, body)
@@ -219,11 +224,14 @@ class Door:
         reason: str | None,
         nbytes: int,
         ticket: _Ticket,
-        slot: Slot | None = None,
+        slot: Slot | None,
+        release: Callable[[], None],
     ) -> asyncio.Future[InferOutcome]:
         """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
-        ``slot``: the arena slot the row's inputs are in, released once with its outcome (its
-        outputs copied out of the slot first), whoever awaits it or not."""
+        ``slot``: the arena slot (or part) the row's inputs are in; ``release`` gives it back
+        (`v2_arena.Placed`),
+        called once with its outcome (its outputs copied out of the slot first), whoever
+        awaits it or not."""
         host = self.host
         future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
         host.request_started()
@@ -233,10 +241,9 @@ class Door:
                 return
             ticket.done = True
             host.request_ended()
-            if slot is not None:
-                if host.io_arena is not None:
-                    outcome = detach(outcome, host.io_arena)
-                slot.release()
+            if host.io_arena is not None:
+                outcome = detach(outcome, host.io_arena)
+            release()
             if not future.done():
                 future.set_result(outcome)
 
@@ -249,8 +256,8 @@ class Door:
                 target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply, **in_slot
             )
         except BaseException:
-            if slot is not None and not ticket.done:
-                slot.release()
+            if not ticket.done:
+                release()
             raise
         ticket.service_id = None if ticket.done else service_id
         return future
@@ -370,3 +377,7 @@ def _slo_ns(slo_ms: float, what: str) -> int:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nothing() -> None:
+    pass
