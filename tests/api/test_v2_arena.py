@@ -163,9 +163,12 @@ async def test_a_refused_row_releases_the_rows_leased_before_it() -> None:
         assert raised.value.code == Outcome.OVERLOADED and arena.used_bytes == 0
         ((copied, slot, release),) = into_slots(arena, "a connection", rows[:1])
         assert slot is not None and copied["x"].base is not None
-        output = slot.array[:16].view(np.float32)
+        region = slot.attach_outputs(16)  # as the request path attaches it
+        assert region is not None
+        region.array[:] = slot.array[:16]  # as the executor writes the outputs
+        output = region.array.view(np.float32)
         outcome = InferOutcome(1, Outcome.OK, "", {"y": output}, {}, None, 1)
-        kept = detach(outcome, arena)
+        kept = detach(outcome, slot)
         release()
         assert arena.offset_of(kept.outputs["y"]) is None
         np.testing.assert_array_equal(kept.outputs["y"], ROW_14K[0, :4])

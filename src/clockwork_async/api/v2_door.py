@@ -241,8 +241,8 @@ class Door:
                 return
             ticket.done = True
             host.request_ended()
-            if host.io_arena is not None:
-                outcome = detach(outcome, host.io_arena)
+            if slot is not None:
+                outcome = detach(outcome, slot)
             release()
             if not future.done():
                 future.set_result(outcome)
