@@ -1,7 +1,7 @@
 """Actions over their profile in virtual time: what admission refuses at low load when every
 model is resident and executions run up to 5% over the profile, or now and then stall.
 
-    python -m benchmarks.overrun [--seconds 10] [--seed 3]
+    python -m benchmarks.overrun [--quick] [--seconds 10] [--seed 3]
 
 One executor holding 1 or 5 ResNet50-V100 models (b1 2.73 ms ... b16 17.33 ms), Poisson
 arrivals spread evenly over the models, each INFER running its *profile's* time x uniform(lo,
@@ -9,7 +9,7 @@ hi) (never the core's prediction x a factor: that ratchets the p99-of-ten window
 docs/controller.md, "Durations over the profile"), plus 20 ms for a ``stall`` share of them;
 with a lead (the way there, as the daemon sends one) the same delay on each action's way there
 and on its result's way back. The production core decides everything; outcomes do not depend
-on the machine. Prints one table; writes ``results/overrun.json``.
+on the machine. Prints one table; writes ``results/overrun[-quick].json``.
 """
 
 from __future__ import annotations
@@ -135,11 +135,17 @@ def run(
     return requests, outcomes
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 simulated seconds per run")
     parser.add_argument("--seconds", type=float, default=10.0, help="simulated seconds per run")
     parser.add_argument("--seed", type=int, default=3)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    seconds = 2.0 if args.quick else args.seconds
     rows: list[dict[str, Any]] = []
     for label, models, slo_ms, rate, noise, stall, lead_us, config in CASES:
         requests, outcomes = run(
@@ -150,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
             stall,
             lead_us * US,
             config,
-            args.seconds,
+            seconds,
             args.seed,
         )
         rows.append(
@@ -165,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     write_json(
-        "overrun", False, {"seconds": args.seconds, "seed": args.seed, "runs": rows}, RESULTS
+        "overrun", args.quick, {"seconds": seconds, "seed": args.seed, "runs": rows}, RESULTS
     )
     headers = (
         "case",
