@@ -110,6 +110,24 @@ def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
     assert h.outcome(11) is Outcome.OK and h.ctl.stats().outcomes["dropped"] == 0
 
 
+def test_a_refusal_behind_a_load_names_that_load_and_no_new_cold_start() -> None:
+    h = Harness()
+    h.register("x", "y", "z")
+    h.join("e1")
+    for request_id, model in enumerate("xyz"):
+        h.request(request_id, model, 100 * MS)  # x, y loading (to 8.3, 16.6); z reserved
+    (loading,) = only(h.request(10, "x", 5 * MS), Reply)  # x ready at 8.3 ms: too late
+    assert loading.message == (
+        "no executor can finish 'x' within its SLO (5.00 ms left) after its copy's LOAD in "
+        "progress and the work already queued"
+    )
+    (reserved,) = only(h.request(11, "z", 20 * MS), Reply)  # z ready at 24.9 ms
+    assert reserved.message == (
+        "no executor can finish 'z' within its SLO (20.00 ms left) after its model's "
+        "reserved LOAD and the work already queued"
+    )
+
+
 def test_demand_from_a_rejected_cold_request_leads_to_a_load_and_later_requests_are_served() -> (
     None
 ):

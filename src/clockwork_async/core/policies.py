@@ -122,21 +122,11 @@ class ClockworkPolicy:
             return Outcome.INFEASIBLE, "no executor is connected", False
         internal_ns, _ = self.plan_keys(core, model, deadline_ns)
         quote = best_quote(core, model, internal_ns)
-        if quote is None:
-            pages = model.spec.weights_pages
-            message = (
-                f"no executor can hold {model.name!r} now: none has {pages} pages free "
-                "or held by idle models it may evict"
-            )
-            return Outcome.INFEASIBLE, message, True
-        room_ns = _overrun_ns(core, quote)
-        if quote.finish_ns + room_ns <= internal_ns:
+        room_ns = 0 if quote is None else _overrun_ns(core, quote)
+        if quote is not None and quote.finish_ns + room_ns <= internal_ns:
             return quote
-        return (
-            Outcome.INFEASIBLE,
-            _infeasible_message(core, model, quote, room_ns, deadline_ns),
-            True,
-        )
+        message = _infeasible_message(core, model, quote, room_ns, deadline_ns)
+        return Outcome.INFEASIBLE, message, True
 
     def requote(self, core: CoreState, request: RequestState) -> Quote | None:
         return best_quote(core, request.model, request.internal_deadline_ns)
@@ -316,9 +306,8 @@ def _overrun_ns(core: CoreState, quote: Quote) -> int:
     after it was accepted: refused now instead of dropped later (at SLOs near 2x b1).
 
     An idle lane's next INFER may start after now (the way there, ``lead_ns``; a cold lane's
-    extra): neither is an execution that can run over, so it leaves no room. Before, any
-    start after now did, and with a lead (the daemon always sends one) every request on an
-    idle lane was refused that would fit without the room."""
+    extra): neither is an execution that can run over, so it leaves no room (with a room
+    there, one long overrun refused every request and nothing ran to forget it)."""
     lane = quote.executor.exec_lane
     if not lane.overrun_ns:
         return 0
@@ -330,10 +319,14 @@ def _overrun_ns(core: CoreState, quote: Quote) -> int:
 
 
 def _infeasible_message(
-    core: CoreState, model: ModelState, quote: Quote, room_ns: int, deadline_ns: int
+    core: CoreState, model: ModelState, quote: Quote | None, room_ns: int, deadline_ns: int
 ) -> str:
     """Why a request was refused, naming only what the best quote counted: a cold start
     (a new LOAD), a reserved or running LOAD, a cold lane's extra, the overrun room."""
+    if quote is None:
+        pages = model.spec.weights_pages
+        where = "free or held by idle models it may evict"
+        return f"no executor can hold {model.name!r} now: none has {pages} pages {where}"
     now_ns = core.now_ns
     slo_ms = max(deadline_ns - now_ns, 0) / 1e6
     after = "the work already queued"
