@@ -9,7 +9,10 @@ every system); latency percentiles over every ``ok``; ``ok after SLO`` = ok minu
 
 Ratios are ``ours / this system`` at the same point (same SLO, same arrivals), ``ours`` being
 the ``clockwork`` policy: in-SLO ratios above 1 and p50 ratios below 1 favour ours. A ratio
-against 0 is written ``inf``; without a value on either side, ``-``.
+against 0 is written ``inf``; without a value on either side, ``-``. The goals also compare
+``clockwork-v2http`` (the same daemon through its Open Inference Protocol HTTP front end)
+with ``ray-http`` (the same HTTP client and request bytes) at the light fixed rates: p50
+``p50_http_light_rates``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from benchmarks.lib import pyplot, save, table
 
 OURS = "clockwork"
+OURS_HTTP = "clockwork-v2http"  # our daemon through its v2 HTTP front end
 RAY = ("ray-http", "ray-handle")
 GOAL_CAPACITY_SHARE = 0.95
 GOAL_GOODPUT_RATIO = 5.0
@@ -66,8 +70,12 @@ def ratios(ours: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 def goals(result: dict[str, Any]) -> dict[str, Any]:
     """The issue's goals, checked point by point."""
     b1_ms = result["b1_ms"]
-    overload, p50s, after = [], [], []
+    overload, p50s, after, http_p50s = [], [], [], []
     for label, systems in by_point(result).items():
+        http, ray_http = systems.get(OURS_HTTP), systems.get("ray-http")
+        if http is not None and ray_http is not None and http["load"] is None:
+            value = ratio(http["latency_ms"]["p50"], ray_http["latency_ms"]["p50"])
+            http_p50s.append({"point": label, "ours_http_over_ray_http": value})
         ours = systems.get(OURS)
         if ours is None:
             continue
@@ -87,6 +95,14 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
             for p in p50s
         )
         if p50s
+        else None,
+        "p50_http_light_rates": http_p50s,
+        "p50_http_met": all(
+            isinstance(p["ours_http_over_ray_http"], float)
+            and p["ours_http_over_ray_http"] <= GOAL_P50_RATIO
+            for p in http_p50s
+        )
+        if http_p50s
         else None,
         "ours_ok_after_slo_client": sum(after),
         "ours_marked_late": sum(r["marked_late"] for r in rows_of(result) if r["system"] == OURS),

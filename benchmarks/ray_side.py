@@ -37,6 +37,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from benchmarks import http_loadgen
 from benchmarks.http_loadgen import arrival_schedule
 
 VENV = Path(".bench-venv/ray")
@@ -254,25 +255,24 @@ def http_run(
     seed: int,
     out: Path,
     load_cpus: set[int],
+    protocol: str = "raw",
 ) -> dict[str, Any]:
-    """One `benchmarks.http_loadgen` run against the app's proxy; returns its JSON (rows and
-    settings). Raises RuntimeError if the generator wrote nothing."""
-    argv = [sys.executable, "-m", "benchmarks.http_loadgen", "--port", str(app.port)]
-    argv += ["--model", str(model), "--rate", f"{rate_rps:.3f}", "--duration-s", str(duration_s)]
-    argv += ["--slo-ms", str(slo_ms), "--seed", str(seed), "--out", str(out)]
-    argv += ["--max-lag-s", str(MAX_LAG_S)]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_pinned(load_cpus, LOAD_NICE),
+    """One `benchmarks.http_loadgen` run against the app's proxy (its body in ``protocol``'s
+    form); returns its JSON (rows and settings). Raises RuntimeError if the generator wrote
+    nothing."""
+    return http_loadgen.run_process(
+        app.port,
+        model,
+        rate_rps,
+        duration_s,
+        slo_ms,
+        seed,
+        out,
+        cpus=load_cpus,
+        nice=LOAD_NICE,
+        protocol=protocol,
+        max_lag_s=MAX_LAG_S,
     )
-    if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"http_loadgen failed ({done.returncode}): {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
 
 
 def handle_run(
