@@ -282,7 +282,7 @@ def _setup(
 def _one_ours(
     folder: Path, daemon: DaemonProcess, system: str, point: Point, plan: Plan
 ) -> dict[str, Any]:
-    _progress(system, point, plan)
+    progress(system, point, plan)
     before = load_average()[0]
     out = folder / f"{system}-{point.seed}.json"
     summary = bench(daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed)
@@ -293,7 +293,7 @@ def _one_ours_http(
     folder: Path, daemon: DaemonProcess, system: str, point: Point, plan: Plan, model_path: Path
 ) -> dict[str, Any]:
     """One point through the daemon's v2 HTTP front end, by `http_loadgen` as ``ray-http``."""
-    _progress(system, point, plan)
+    progress(system, point, plan)
     before = load_average()[0]
     port = int(daemon.http.rpartition(":")[2])
     result = http_loadgen.run_process(
@@ -314,7 +314,7 @@ def _one_ours_http(
     return row | {"load_average": [before, load_average()[0]]}
 
 
-def _progress(system: str, point: Point, plan: Plan) -> None:
+def progress(system: str, point: Point, plan: Plan) -> None:
     print(
         f"  {time.strftime('%H:%M:%S')} {system}: {point.label} ({point.rate_rps:.0f} req/s, "
         f"SLO {point.slo_ms:g} ms) "
@@ -444,7 +444,7 @@ def _ray_points(
     load_cpus = {min(os.sched_getaffinity(0))}
     for point in point_list:
         for system in RAY:
-            _progress(system, point, plan)
+            progress(system, point, plan)
             before = load_average()[0]
             out = folder / f"{system}-{point.seed}.json"
             if system == "ray-http":

@@ -163,13 +163,16 @@ HEADERS = (
 
 
 def table_rows(result: dict[str, Any], slo_label: str) -> list[list[Any]]:
+    """One row per system and point at ``slo_label``; ratios against the result's
+    ``reference`` system (``clockwork`` unless it names another)."""
+    reference = result.get("reference", OURS)
     rows = []
     for label, systems in by_point(result).items():
-        ours = systems.get(OURS)
+        ours = systems.get(reference)
         for name, row in systems.items():
             if row["slo_label"] != slo_label:
                 continue
-            versus = ratios(ours, row) if ours is not None and name != OURS else {}
+            versus = ratios(ours, row) if ours is not None and name != reference else {}
             latency = row["latency_ms"]
             share = row["in_slo_share"]
             rows.append(
@@ -211,7 +214,7 @@ def print_tables(result: dict[str, Any]) -> None:
     capacity = result["capacity"]
     print(f"model {result['model']['name']}, b1 {result['b1_ms']:.3f} ms (registration profile)")
     print(f"capacity {capacity['rps']} req/s ({capacity['how']})")
-    ray = result["ray"]
+    ray = result.get("ray", {})
     if "config" in ray:
         print(f"Ray Serve configuration: {ray['config']} (tuning over HTTP, see the JSON)")
     for system, found in result["systems"].items():
@@ -248,7 +251,7 @@ def markdown(result: dict[str, Any]) -> str:
     for label in slo_labels(result):
         parts.append(f"**{_slo_title(result, label)}**\n\n")
         parts.append(markdown_table(HEADERS, table_rows(result, label)) + "\n\n")
-    tuning = result["ray"].get("tuning") or []
+    tuning = result.get("ray", {}).get("tuning") or []
     if tuning:
         headers = ["execute", "max batch", "wait ms", "in SLO/s", "in SLO %", "p50 ms", "p99 ms"]
         headers += ["batches by size"]
