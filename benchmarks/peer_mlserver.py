@@ -86,6 +86,10 @@ PROTOCOL = "v2-json"
 ORT_CPU = 1
 START_TIMEOUT_S = 120.0
 SETTLE_S = 1.0
+DRAIN_POLL_S = 2.0  # a stats call's timeout
+DRAIN_PAUSE_S = 0.5  # between two
+DRAIN_CAP_S = 30.0  # a backlog not drained by then: the server is restarted
+RESTART_CLOSE_S = 5.0
 TUNE_RATE_RPS = 150.0
 TUNE_SLO_MS = 100.0
 # (max_batch_size, max_batch_time s): MLServer's adaptive batching; quick tries the first two
@@ -162,10 +166,12 @@ class Mlserver:
         server.wait_ready(started)
         return server
 
-    def get(self, path: str) -> tuple[int, bytes]:
+    def get(self, path: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
+        """GET ``path``: (status, body). Raises OSError (a timeout among them)."""
+        url = f"http://127.0.0.1:{self.port}{path}"
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=10) as r:
-                return int(r.status), r.read()
+            with urllib.request.urlopen(url, timeout=timeout_s) as reply:
+                return int(reply.status), reply.read()
         except urllib.error.HTTPError as error:
             return error.code, b""
 
@@ -183,9 +189,33 @@ class Mlserver:
         self.close()
         raise MlserverNotRun(f"mlserver not ready in {START_TIMEOUT_S:g} s; see its log")
 
-    def stats(self) -> dict[str, Any]:
-        status, body = self.get("/stats")
-        return json.loads(body) if status == 200 else {"error": status}
+    def stats(self, timeout_s: float = DRAIN_POLL_S) -> dict[str, Any] | None:
+        """The runtime's batches since the last call; None if MLServer did not answer."""
+        try:
+            status, body = self.get("/stats", timeout_s)
+        except OSError:
+            return None
+        found: dict[str, Any] = json.loads(body) if status == 200 else {"error": status}
+        return found
+
+    def drain(self) -> dict[str, Any]:
+        """Wait until the runtime forms no more batches (MLServer keeps serving requests the
+        client abandoned: nothing cancels them), at most `DRAIN_CAP_S`. Returns the batches
+        of the run (the first answer) and how long the backlog took; ``drained`` False when
+        it did not end in time (the caller restarts the server)."""
+        started = time.monotonic()
+        first, after = None, 0
+        while time.monotonic() - started < DRAIN_CAP_S:
+            found = self.stats()
+            if found is not None and first is None:
+                first = found
+            elif found is not None:
+                after += found.get("batches", 0)
+                if not found.get("batches"):
+                    return {"replica": first, "drain_s": _since(started), "batches_after": after}
+            time.sleep(DRAIN_PAUSE_S)
+        found = {"replica": first, "drain_s": _since(started), "batches_after": after}
+        return found | {"drained": False}
 
     def close(self, timeout_s: float = 30.0) -> None:
         """SIGTERM to its session (MLServer shuts down), SIGKILL if it does not."""
@@ -198,10 +228,15 @@ class Mlserver:
                 self.process.wait()
 
 
+def _since(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
 def mlserver_point(
     server: Mlserver, folder: Path, model: Path, point: Point, duration_s: float
 ) -> dict[str, Any]:
-    """One point against MLServer: a row with the batches it formed."""
+    """One point against MLServer: a row with the batches it formed and how long its backlog
+    took to drain afterwards."""
     before = load_average()[0]
     result = http_loadgen.run_process(
         server.port,
@@ -217,8 +252,8 @@ def mlserver_point(
         protocol=PROTOCOL,
     )
     row = http_row(point, PEER, result, duration_s)
-    row["replica"] = server.stats()
     row["load_average"] = [before, load_average()[0]]
+    row |= server.drain()
     time.sleep(SETTLE_S)
     return row
 
@@ -245,10 +280,14 @@ def run_mlserver(
             try:
                 for point in point_list:
                     progress(PEER, point, plan)
-                    found["rows"].append(mlserver_point(server, folder, model, point, plan.point_s))
+                    row = mlserver_point(server, folder, model, point, plan.point_s)
+                    found["rows"].append(row)
+                    if row.get("drained") is False:  # a fresh server for the next point
+                        server.close(RESTART_CLOSE_S)
+                        server = Mlserver.start(folder / "mlserver", model, batch, log, front)
             finally:
                 server.close()
-    except (MlserverNotRun, RuntimeError) as error:
+    except (MlserverNotRun, RuntimeError, OSError) as error:
         found["not_run"] = str(error)
     return found
 
@@ -276,7 +315,7 @@ def _tune(
         try:
             row = mlserver_point(server, folder, model, point, plan.tune_s)
         finally:
-            server.close()
+            server.close(RESTART_CLOSE_S)
         tried.append({"config": config, "startup_s": server.started_s, "row": row})
     return tried
 
@@ -319,6 +358,11 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _batch_sizes(row: dict[str, Any]) -> str:
+    sizes = (row.get("replica") or {}).get("batch_sizes", {})
+    return " ".join(f"{b}:{n}" for b, n in sizes.items())
+
+
 def tuning_markdown(result: dict[str, Any]) -> str:
     """MLServer's batching candidates as a Markdown table (empty when it did not run)."""
     tuning = result["mlserver"].get("tuning") or []
@@ -334,7 +378,7 @@ def tuning_markdown(result: dict[str, Any]) -> str:
             round(100 * (t["row"]["in_slo_share"] or 0), 2),
             t["row"]["latency_ms"]["p50"],
             t["row"]["latency_ms"]["p99"],
-            " ".join(f"{b}:{n}" for b, n in t["row"]["replica"].get("batch_sizes", {}).items()),
+            _batch_sizes(t["row"]),
         ]
         for t in tuning
     ]
