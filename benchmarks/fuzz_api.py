@@ -407,7 +407,10 @@ async def good_loop(
     """`good_client` for a v2 client: ``call()`` returns a status."""
     while not until.is_set():
         start = time.perf_counter_ns()
-        status = await call()
+        try:
+            status = await call()
+        except Exception as error:  # the client's own failure (a reset, say) is a status too
+            status = f"exception:{type(error).__name__}"
         log.append((status, time.perf_counter_ns() - start))
         await asyncio.sleep(GOOD_PERIOD_S)
 

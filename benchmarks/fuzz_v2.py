@@ -40,6 +40,7 @@ INPUT = "input"
 ROW = [0.0, 1.0, 2.0, 3.0]
 READ_TIMEOUT_S = 30.0
 CLOSE_WAIT_S = 5.0
+RAW_CLOSE_WAIT_S = 2.0  # raw bytes to the gRPC port: a cut preface waits for more
 GRPC_CALL_TIMEOUT_S = 10.0
 GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # grpc.max_message_bytes's default
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -373,14 +374,14 @@ async def grpc_calls(address: str, maker: GrpcMaker, calls: int, counts: Counter
 
 
 async def grpc_raw_connection(host: str, port: int, data: bytes, counts: Counter[str]) -> None:
-    """Raw bytes to the gRPC port; the server should close within 5 s, else this side
+    """Raw bytes to the gRPC port; the server should close within 2 s, else this side
     half-closes and waits READ_TIMEOUT_S more (then ``hung``)."""
     reader, writer = await asyncio.open_connection(host, port)
     counts["raw_connections"] += 1
     try:
         writer.write(data)
         await writer.drain()
-        if not await _raw_closed(reader, CLOSE_WAIT_S):
+        if not await _raw_closed(reader, RAW_CLOSE_WAIT_S):
             counts["waited_for_more_bytes"] += 1
             writer.write_eof()
             if not await _raw_closed(reader, READ_TIMEOUT_S):
