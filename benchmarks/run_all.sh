@@ -48,6 +48,7 @@ run azure benchmarks.azure $mode
 run isolation benchmarks.isolation $mode
 run scale benchmarks.scale $mode
 run peer_ray benchmarks.peer_ray $mode
+run peer_mlserver benchmarks.peer_mlserver $mode
 run codec benchmarks.codec $mode --json results/codec.json
 run executor benchmarks.executor $mode --json results/executor.json
 run idle_gap benchmarks.idle_gap $mode
