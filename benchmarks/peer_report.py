@@ -316,8 +316,8 @@ def _ms(row: dict[str, Any], key: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.peer_report",
-        description="Re-report saved peer_ray results: tables printed, Markdown and plot "
-        "written beside each.",
+        description="Re-report saved peer_ray or peer_mlserver results: tables printed, "
+        "Markdown and plot written beside each.",
     )
     parser.add_argument("results", nargs="*", type=Path, help="results/peer_ray[-quick].json")
     return parser
@@ -327,9 +327,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Re-report a saved result: tables printed, Markdown and plot written beside it."""
     for path in build_parser().parse_args(argv).results:
         result = json.loads(path.read_text())
-        result["goals"] = goals(result)
+        extra = ""
+        if result.get("benchmark") == "peer_mlserver":  # its own goals and tuning table
+            from benchmarks import peer_mlserver
+
+            result["goals"] = peer_mlserver.goals(result)
+            extra = peer_mlserver.tuning_markdown(result)
+        else:
+            result["goals"] = goals(result)
         print_tables(result)
-        path.with_suffix(".md").write_text(markdown(result))
+        path.with_suffix(".md").write_text(markdown(result) + extra)
         write_plot(result, path.with_suffix(".png"))
     return 0
 
