@@ -54,6 +54,7 @@ run executor benchmarks.executor $mode --json results/executor.json
 run idle_gap benchmarks.idle_gap $mode
 run sim_scenarios benchmarks.sim_scenarios $mode --out results
 run sched_bound benchmarks.sched_bound $mode --seeds 1,2
+run buckets benchmarks.buckets $mode --seeds 1,2
 if [[ -f benchmarks/controller.py ]]; then
     run controller benchmarks.controller $mode
 fi

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from clockwork_async.connection import start_server
+from clockwork_async.endpoints import start_server
 from clockwork_async.ioarena.shared import ArenaError, map_shared
 from clockwork_async.wire.addresses import TcpAddress
 

@@ -12,7 +12,8 @@ import pytest
 import pytest_asyncio
 
 from clockwork_async.api.async_client import AsyncClient, ConnectError, ConnectionClosedError
-from clockwork_async.connection import Connection, start_server
+from clockwork_async.connection import Connection
+from clockwork_async.endpoints import start_server
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
     Error,

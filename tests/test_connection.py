@@ -14,13 +14,8 @@ import pytest
 import pytest_asyncio
 
 from clockwork_async.api.auth import client_ssl_context, server_ssl_context
-from clockwork_async.connection import (
-    Connection,
-    ConnectionClosed,
-    ConnectionState,
-    open_connection,
-    start_server,
-)
+from clockwork_async.connection import Connection, ConnectionClosed, ConnectionState
+from clockwork_async.endpoints import open_connection, start_server
 from clockwork_async.wire.addresses import UnixAddress, parse_address
 from clockwork_async.wire.codec import PREFIX, Decoder, Encoder, ProtocolError
 from clockwork_async.wire.messages import (

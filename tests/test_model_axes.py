@@ -8,18 +8,22 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
-from clockwork_async.models.axes import AxisDeclaration
+from clockwork_async.models.axes import AxisDeclaration, Dimension, OutputAxis, ShapePlan
 from clockwork_async.models.info import InvalidModel, read_model_info
 from clockwork_async.models.repository import Repository
 from clockwork_async.wire.messages import TensorSpec
 from typed_models import (
     AUDIO_TOML,
+    BUCKETS,
+    MASKED_TOKENS_TOML,
     SAMPLES,
+    SEQUENCE_BUCKETS_TOML,
     SEQUENCE_TOML,
     TOKENS,
     audio_model,
     fp16_model,
     ids_mask_scale_model,
+    masked_tokens_model,
     mixed_model,
     sequence_model,
 )
@@ -73,10 +77,60 @@ def test_an_unnamed_dynamic_axis_is_keyed_by_its_index() -> None:
     assert info.inputs[0].shape == (-1, 5)
 
 
-def test_several_lengths_are_checked_then_refused_as_not_yet_built() -> None:
-    toml = b"[inputs.ids.axes]\ntokens = { min = 1, max = 512, buckets = [32, 64, 128, 256, 512] }"
-    with pytest.raises(InvalidModel, match=r"several lengths is not built yet \(issue 31"):
-        read_model_info("seq", sequence_model(), toml)
+def test_several_lengths_are_served_by_buckets_at_the_largest_shape(tmp_path: Path) -> None:
+    info = read_model_info("seq", sequence_model(), SEQUENCE_BUCKETS_TOML.encode())
+    assert info.inputs == (TensorSpec("ids", "int64", (-1, BUCKETS[-1])),)
+    tokens = Dimension("tokens", BUCKETS, (("ids", 1),), min_length=BUCKETS[0])  # a list's min
+    assert info.shapes == ShapePlan((tokens,))
+    assert info.shapes.bucketed and not info.shapes.pad
+    entry = Repository(tmp_path).add("seq", sequence_model(), SEQUENCE_BUCKETS_TOML)
+    assert entry.buckets == tuple((length,) for length in BUCKETS)
+    assert entry.at_bucket((4,)).inputs == (TensorSpec("ids", "int64", (-1, 4)),)
+    assert entry.at_bucket((4,)).profile_key != entry.at_bucket((8,)).profile_key
+
+
+def test_inputs_sharing_an_axis_name_are_one_dimension_and_outputs_may_follow_it() -> None:
+    info = read_model_info("tok", masked_tokens_model(), MASKED_TOKENS_TOML.encode())
+    assert info.shapes is not None and info.shapes.pad
+    places = (("ids", 1), ("mask", 1))
+    assert info.shapes.dimensions == (Dimension("tokens", BUCKETS, places, min_length=1),)
+    assert info.shapes.output_axes == (OutputAxis("hidden", 1, 0),)
+    spec = info.shapes.inputs_at(info.inputs, (8,))
+    assert [s.shape for s in spec] == [(-1, 8), (-1, 8)]
+
+
+def test_one_length_is_served_as_before_unless_padded() -> None:
+    info = read_model_info("seq", sequence_model(), SEQUENCE_TOML.encode())
+    assert info.shapes is not None and not info.shapes.bucketed
+    padded = read_model_info("seq", sequence_model(), ("pad = true\n" + SEQUENCE_TOML).encode())
+    assert padded.shapes is not None and padded.shapes.bucketed
+
+
+@pytest.mark.parametrize(
+    ("toml", "says"),
+    [
+        (
+            MASKED_TOKENS_TOML.replace(
+                "buckets = [4, 8, 12] }\n[outputs", "buckets = [6, 12] }\n[outputs"
+            ),
+            r"input 'mask' is declared \[6, 12\] \(min 1\), another input's \[4, 8, 12\]",
+        ),
+        (MASKED_TOKENS_TOML.replace('= "tokens"', '= "words"'), "not a declared input axis"),
+        (MASKED_TOKENS_TOML.replace("[outputs.hidden", "[outputs.nope"), "has no output 'nope'"),
+        (
+            MASKED_TOKENS_TOML.replace('tokens = "tokens"', '"2" = "tokens"'),
+            "output 'hidden' has no dynamic axis '2'",
+        ),
+    ],
+)
+def test_bad_bucket_declarations_are_named_errors(toml: str, says: str) -> None:
+    with pytest.raises(InvalidModel, match=says):
+        read_model_info("tok", masked_tokens_model(), toml.encode())
+
+
+def test_padding_without_a_declared_axis_is_refused() -> None:
+    with pytest.raises(InvalidModel, match=r"pad and \[outputs.NAME.axes\] need declared"):
+        read_model_info("h", fp16_model(), b"pad = true")
 
 
 @pytest.mark.parametrize(

@@ -145,3 +145,45 @@ def audio_model() -> bytes:
 
 
 AUDIO_TOML = f"[inputs.audio.axes]\nsamples = [{SAMPLES}]\n"
+
+
+BUCKETS = (4, 8, 12)  # the token lengths the bucketed models' model.toml declares
+SEQUENCE_BUCKETS_TOML = f"[inputs.ids.axes]\ntokens = {list(BUCKETS)}\n"  # padding off
+
+
+def masked_tokens_model() -> bytes:
+    """``ids`` int64 [N, tokens] and ``mask`` float32 [N, tokens] -> ``hidden`` float32
+    [N, tokens, 4] = table[ids] x mask, and ``pooled`` float32 [N, 4] = the sum of ``hidden``
+    over ``tokens`` divided by the sum of the mask: zero-padding (ids 0, mask 0) changes
+    neither ``pooled`` nor the unpadded part of ``hidden``, so it may be padded."""
+    table = np.random.default_rng(4).standard_normal((20, 4)).astype(np.float32)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["rows"]),
+        helper.make_node("Unsqueeze", ["mask", "last"], ["mask3"]),
+        helper.make_node("Mul", ["rows", "mask3"], ["hidden"]),
+        helper.make_node("ReduceSum", ["hidden", "one"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask", "one"], ["count"], keepdims=1),
+        helper.make_node("Div", ["summed", "count"], ["pooled"]),
+    ]
+    return _model(
+        nodes,
+        [
+            _value("ids", TensorProto.INT64, ["N", "tokens"]),
+            _value("mask", TensorProto.FLOAT, ["N", "tokens"]),
+        ],
+        [
+            _value("hidden", TensorProto.FLOAT, ["N", "tokens", 4]),
+            _value("pooled", TensorProto.FLOAT, ["N", 4]),
+        ],
+        {"table": table, "last": np.array([2], np.int64), "one": np.array([1], np.int64)},
+    )
+
+
+MASKED_TOKENS_TOML = f"""pad = true
+[inputs.ids.axes]
+tokens = {{ min = 1, max = {BUCKETS[-1]}, buckets = {list(BUCKETS)} }}
+[inputs.mask.axes]
+tokens = {{ min = 1, max = {BUCKETS[-1]}, buckets = {list(BUCKETS)} }}
+[outputs.hidden.axes]
+tokens = "tokens"
+"""

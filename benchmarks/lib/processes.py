@@ -307,7 +307,8 @@ async def serve_wire(name: str, respond: Respond) -> None:
     connection's hello is answered, then every message gets ``respond(message)`` (unless it
     is None). The project's codec and `connection`, no controller: the floor the daemon's
     benchmarks compare against."""
-    from clockwork_async.connection import Connection, start_server
+    from clockwork_async.connection import Connection
+    from clockwork_async.endpoints import start_server
     from clockwork_async.wire.messages import PROTOCOL_VERSION, Hello, Role
 
     async def handle(connection: Connection) -> None:

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from clockwork_async.api.auth import client_ssl_context
+from clockwork_async.api.rows import has_batch_axis
 from clockwork_async.cli import stdout_closed
 from clockwork_async.client import (
     DEFAULT_ADDRESS,
@@ -84,13 +85,17 @@ def run_verb(verb: str, parser: Parser, argv: list[str], body: Callable[[Any], i
 
 
 def infer_main(argv: list[str]) -> int:
-    """``clockwork-async infer MODEL [--input NAME=FILE.npy ... | --random] ...``"""
+    """``clockwork-async infer MODEL [--input NAME=FILE.npy ... | --random [--rows N]] ...``
+    (an input of N rows is a client batch, docs/protocol.md)"""
     parser = Parser(prog="clockwork-async infer", description="Run one inference request.")
     parser.add_argument("model")
     sources = parser.add_mutually_exclusive_group(required=True)
     add = sources.add_argument
     add("--input", action="append", metavar="NAME=FILE.npy", help="one input (repeatable)")
     add("--random", action="store_true", help="random inputs shaped as the model declares")
+    parser.add_argument(
+        "--rows", type=int, default=1, help="--random: rows per input (a client batch)"
+    )
     parser.add_argument("--slo-ms", type=float, help="deadline after arrival (default: model's)")
     parser.add_argument("--output-dir", type=Path, help="write each output as NAME.npy here")
     parser.add_argument("--seed", type=int, default=0, help="--random: generator seed")
@@ -104,7 +109,7 @@ def _infer(args: argparse.Namespace) -> int:
     with connect(args) as client:
         if inputs is None:
             model = find_model(client.models(), args.model)
-            inputs = random_inputs(model.inputs, np.random.default_rng(args.seed))
+            inputs = random_inputs(model.inputs, np.random.default_rng(args.seed), args.rows)
         result = client.infer(args.model, inputs, slo_ms=args.slo_ms)
     written = write_outputs(result.outputs, args.output_dir) if args.output_dir else []
     print(json.dumps(_result_json(result)) if args.json else _result_text(result, written))
@@ -135,14 +140,21 @@ def find_model(models: list[ModelStatus], name: str) -> ModelStatus:
     raise ClientError(f"unknown_model: the daemon serves no model {name!r}")
 
 
-def random_inputs(specs: tuple[TensorSpec, ...], rng: np.random.Generator) -> dict[str, Any]:
+def random_inputs(
+    specs: tuple[TensorSpec, ...], rng: np.random.Generator, rows: int = 1
+) -> dict[str, Any]:
     """One random request value per input (`wire.dtypes.request_shape`; an axis of any length
-    is 1). Raises ClientError for a dtype the wire cannot carry."""
+    is 1), with ``rows`` rows where the model's inputs have a batch axis. Raises ClientError
+    for a dtype the wire cannot carry, or rows without a batch axis."""
+    if rows < 1 or (rows > 1 and not has_batch_axis(specs)):
+        why = "give 1, or more for a model whose inputs all have a batch axis"
+        raise ClientError(f"--rows {rows}: {why}")
     inputs: dict[str, np.ndarray] = {}
     for spec in specs:
         if spec.dtype not in WIRE_DTYPES:
             raise ClientError(f"input {spec.name!r} has dtype {spec.dtype!r}; use --input")
         shape = tuple(max(dim, 1) for dim in request_shape(spec.shape))
+        shape = (rows, *shape[1:]) if rows > 1 else shape
         inputs[spec.name] = random_values(rng, shape, spec.dtype)
     return inputs
 

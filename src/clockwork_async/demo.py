@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.connection import Connection, ConnectionClosed
+from clockwork_async.endpoints import open_connection
 from clockwork_async.wire.dtypes import batch_shape, random_values
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,

@@ -14,7 +14,8 @@ import uvloop
 
 from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.api.server import ApiServer
-from clockwork_async.connection import Connection, open_connection
+from clockwork_async.connection import Connection
+from clockwork_async.endpoints import open_connection
 from clockwork_async.wire.messages import PROTOCOL_VERSION, Hello, Message
 
 from .fakes import FakeService

@@ -14,7 +14,7 @@ import pytest
 from clockwork_async.api.async_client import AsyncClient
 from clockwork_async.api.server import ApiServer, ServerLimits
 from clockwork_async.config.daemon import ConfigError, MachineFacts, ServerConfig, load_config
-from clockwork_async.connection import open_connection
+from clockwork_async.endpoints import open_connection
 from clockwork_async.wire.messages import AddModel, Error, InferRequest, ModelsReply, Ping
 
 from .conftest import eventually, raw_client, recv

@@ -18,7 +18,8 @@ from clockwork_async.api.async_client import (
 )
 from clockwork_async.api.auth import TokenAuth
 from clockwork_async.api.server import ApiServer, ServerLimits, ServerState
-from clockwork_async.connection import ConnectionClosed, open_connection
+from clockwork_async.connection import ConnectionClosed
+from clockwork_async.endpoints import open_connection
 from clockwork_async.wire.codec import Encoder
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,

@@ -3,7 +3,8 @@
 The machine plays the executors (each lane runs its actions in order, from their earliest,
 for a random multiple of the prediction, refusing what cannot start by its latest), the
 clients (arrivals, cancellations) and the operator (models and executors come and go), and
-checks after every step: every request answered at most once (exactly once after draining);
+checks after every step: an INFER carries only requests of its model (of one bucket, for the
+variants of a bucketed model); every request answered at most once (exactly once after draining);
 never `ok` after its deadline; an INFER only for a model loaded on that executor; a LOAD only
 for a model neither loaded nor loading there; never more pages than the executor has (pages
 held for reserved LOADs included); the planned windows of an executor's outstanding INFERs
@@ -26,6 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from clockwork_async.core.buckets import variant_name
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
 from clockwork_async.core.events import (
@@ -61,6 +63,9 @@ POOL = {  # name -> (pages, b1 execute ns, load ns)
     "b": (5, 2 * MS, 4 * MS),
     "c": (7, 500 * US, 1 * MS),
     "d": (9, 3 * MS, 6 * MS),
+    # Two buckets of one model (core/buckets.py): variants with their own queues.
+    variant_name("v", (32,)): (4, 1 * MS, 3 * MS),
+    variant_name("v", (128,)): (4, 3 * MS, 3 * MS),
 }
 KINDS = ("fast", "slow")
 
@@ -95,6 +100,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.executors: dict[str, FakeExecutor] = {}
         self.registered: set[str] = set()
         self.deadlines: dict[int, int] = {}
+        self.model_of: dict[int, str] = {}
         self.replies: dict[int, list[Reply]] = {}
         self.next_request = 0
         self.next_executor = 0
@@ -161,6 +167,7 @@ class ControllerMachine(RuleBasedStateMachine):
         executor = self.executors[infer.executor_id]
         assert infer.model in executor.loaded, "INFER of a model not loaded there"
         count = len(infer.request_ids)
+        assert {self.model_of[r] for r in infer.request_ids} <= {infer.model}, "mixed batch"
         assert infer.batch_size == min(b for b in SIZES if b >= count)
         assert infer.earliest_ns >= self.now_ns and infer.latest_ns >= infer.earliest_ns
         assert infer.planned_start_ns >= infer.earliest_ns
@@ -241,6 +248,7 @@ class ControllerMachine(RuleBasedStateMachine):
         self.next_request += 1
         request_id = self.next_request
         self.deadlines[request_id] = self.now_ns + slo_ns
+        self.model_of[request_id] = model
         self.send(RequestArrived(request_id, model, self.now_ns + slo_ns), arrival=request_id)
 
     @precondition(lambda self: self.next_request)

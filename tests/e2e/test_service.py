@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from clockwork_async.api.service import ModelRoute, ServiceError
 from clockwork_async.core.events import ModelProfile
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.daemon.admin import DaemonService, Registration
+from clockwork_async.daemon.admin import DaemonService
+from clockwork_async.daemon.instances import Registration
 from clockwork_async.daemon.metrics import Metrics
 from clockwork_async.models.demo import build_tiny
 from clockwork_async.models.profile_cache import ProfileCache

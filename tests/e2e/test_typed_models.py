@@ -3,8 +3,8 @@ ONNX Runtime executor serves generated models (fp16; int64 + bool + a scalar; si
 at once; an embedding over ``tokens``; an audio model that needs ``samples`` >= 2), added
 through the client API, and must answer exactly what ONNX Runtime computes directly with the
 same session options at the same shapes. Wrong types and shapes get ``bad_input`` naming the
-input, the expected and the given; undeclared and several-length axes are refused at
-registration.
+input, the expected and the given; an undeclared axis is refused at registration (several
+lengths: tests/e2e/test_buckets.py).
 """
 
 from __future__ import annotations
@@ -162,13 +162,10 @@ def test_a_wrong_type_or_shape_is_bad_input_naming_input_expected_and_given(
     assert says in result.message
 
 
-def test_undeclared_and_several_length_axes_are_refused_at_registration(client: Client) -> None:
+def test_an_undeclared_axis_is_refused_at_registration(client: Client) -> None:
     with pytest.raises(ApiError, match=r"\[inputs.audio.axes\] samples = \[LENGTH\]") as caught:
         client.add_model("vad-undeclared", audio_model())
     assert caught.value.code == "bad_model"
-    several = "[inputs.ids.axes]\ntokens = { min = 1, max = 64, buckets = [16, 32, 64] }"
-    with pytest.raises(ApiError, match=r"not built yet \(issue 31"):
-        client.add_model("seq-buckets", sequence_model(), several)
 
 
 @pytest.mark.shared_data

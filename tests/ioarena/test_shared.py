@@ -55,6 +55,32 @@ def test_slots_free_once_after_release_and_last_pin() -> None:
         arena.close()
 
 
+def test_parts_share_their_slot_pins_and_have_output_regions_of_their_own() -> None:
+    arena = IoArena(1 << 16)
+    try:
+        slot = _slot(arena.lease("conn", 1000))
+        first, second = slot.part(), slot.part()
+        assert (first.offset, first.nbytes) == (slot.offset, slot.nbytes)
+        regions = [first.attach_outputs(100), second.attach_outputs(100)]
+        assert all(region is not None for region in regions)
+        assert regions[0].offset != regions[1].offset  # type: ignore[union-attr]
+        assert arena.used_bytes == 1024 + 2 * 128
+        first.pin()
+        first.release()  # a part's release is not its slot's
+        second.release()
+        slot.release()
+        assert not slot.freed and not first.freed  # the part's pin holds the slot
+        first.unpin()
+        assert slot.freed and first.freed and second.freed
+        assert arena.used_bytes == 0 and arena.held_by("conn") == 0
+        with pytest.raises(RuntimeError):
+            second.pin()
+        with pytest.raises(RuntimeError):
+            slot.part()
+    finally:
+        arena.close()
+
+
 def test_output_regions_go_with_their_slot() -> None:
     arena = IoArena(1 << 16)
     try:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from clockwork_async.connection import Connection, start_server
+from clockwork_async.connection import Connection
+from clockwork_async.endpoints import start_server
+from clockwork_async.runtime import executor_link
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.executor_link import (
     ExecutorLink,
@@ -175,3 +178,35 @@ async def test_keeper_first_failure_is_raised(tmp_path: Path) -> None:
     with pytest.raises(LinkError, match="cannot connect"):
         await keeper.wait_first()
     await keeper.close()
+
+
+async def test_a_late_reply_to_an_abandoned_call_is_expected_and_an_unknown_one_warns(
+    fake: tuple[FakeExecutor, str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    executor, address = fake
+    executor.state_delay_s = 0.05  # each GetState answered this late, one after the other
+    monkeypatch.setattr(executor_link, "ABANDONED_REMEMBERED", 2)
+    link = await ExecutorLink.open("e", address, config=FAST)
+    caplog.set_level(logging.DEBUG, logger=executor_link.__name__)
+    try:
+        ids = [link.next_call_id() for _ in range(4)]
+        cancelled = asyncio.ensure_future(link.call(GetState(ids[0]), ids[0]))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()  # as a cancelled registration's call is
+        for call_id in ids[1:]:
+            with pytest.raises(TimeoutError):
+                await link.call(GetState(call_id), call_id, timeout_s=0.001)
+        executor.connections[-1].send(State(12345, 1, 8, 8, (), ()))  # never sent by us
+        reply = await link.call(GetState(link.next_call_id()), link.next_call_id() - 1)
+        assert isinstance(reply, State)  # every earlier reply has come by now
+    finally:
+        link.close()
+        await link.wait_closed()
+    records = [r for r in caplog.records if "action" in r.getMessage()]
+    expected = {(logging.DEBUG, f"executor e: reply to abandoned action {i}") for i in ids[2:]}
+    unknown = {(logging.WARNING, f"executor e: reply to unknown action {i}") for i in ids[:2]}
+    unknown.add((logging.WARNING, "executor e: reply to unknown action 12345"))
+    # Four abandoned, two remembered: the two oldest are forgotten, so their replies warn.
+    assert {(r.levelno, r.getMessage()) for r in records} == expected | unknown

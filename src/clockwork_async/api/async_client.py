@@ -30,8 +30,9 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 
 from clockwork_async.api.service import Health
-from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.connection import Connection, ConnectionClosed
 from clockwork_async.core.outcomes import Outcome
+from clockwork_async.endpoints import open_connection
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
 from clockwork_async.wire.messages import (
     PROTOCOL_VERSION,
@@ -276,8 +277,8 @@ class AsyncClient:
     async def infer(
         self, model: str, inputs: Mapping[str, np.ndarray], **deadline: Unpack[Deadline]
     ) -> InferResult:
-        """Run ``model`` on one row of every input; returns the daemon's answer whatever its
-        status (check ``.ok``). Raises ConnectionClosedError."""
+        """Run ``model`` on one row of every input, or N rows (docs/protocol.md): the daemon's
+        answer whatever its status (check ``.ok``). Raises ConnectionClosedError."""
         await self._drain()
         return await self.start_infer(model, inputs, **deadline)
 
@@ -476,8 +477,7 @@ async def _open(
     ssl: ssl_module.SSLContext | None,
     server_hostname: str | None,
 ) -> tuple[Connection, str]:
-    """A connection whose hello exchange succeeded, and the daemon's name. Raises
-    ConnectError, OSError, ValueError."""
+    """A connection past its hello, and the daemon's name (ConnectError, OSError, ValueError)."""
     # The daemon may answer with an Error instead of a Hello: no hello check in the decoder.
     connection = await open_connection(address, limits, ssl=ssl, server_hostname=server_hostname)
     try:

@@ -45,8 +45,8 @@ from clockwork_async.connection import (
     Connection,
     ConnectionClosed,
     ConnectionState,
-    start_server,
 )
+from clockwork_async.endpoints import start_server
 from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.wire.addresses import TcpAddress, UnixAddress, parse_address
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError

@@ -1,15 +1,16 @@
-"""One client connection after its hello: requests in, `Service` calls, replies out.
+"""One client connection after its hello: requests in, `Service` calls, replies out. Infer
+requests are served here; models, stats and health by the admin verbs (`api.session_admin`).
+
+One idea: a connection's requests, from their frames to their one reply each, with the IO
+arena slots their tensors are read into.
 
 Invariants (the server's, per connection):
-- A request id is in ``_pending`` (infer) or ``_tasks`` (admin) from acceptance until its one
-  reply is sent (or dropped, the connection being gone); an id in either is refused as
-  ``duplicate_id``, so one in-flight id never has two meanings.
+- A request id is in ``_pending`` (infer) or the admin verbs' ``tasks`` (`api.session_admin`)
+  from acceptance until its one reply is sent (or dropped, the connection being gone); an id
+  in either is refused as ``duplicate_id``, so one in-flight id never has two meanings.
 - ``on_reply`` for a request runs once (`_Pending.done` guards it); its reply is dropped if the
   connection is gone, but the server's ``outstanding`` count is settled either way.
 - Nothing is read while the connection's transport asks writers to pause (slow reader).
-- An ``add_model`` holds its share of the server's upload budget (`SessionHost.admit_upload`)
-  from acceptance until its reply, and only the model's bytes (not the message, nor its
-  frame) while it waits for the service.
 - A peer that half-closes (ends its writing, keeps reading) is answered: `settle` waits until
   every request it sent has its reply queued, or the connection is gone.
 - IO arena slots (docs/architecture.md, "The data plane"): an InferRequest whose header passed
@@ -20,58 +21,48 @@ Invariants (the server's, per connection):
   whose frames were never handed over, when the connection goes. The request path may hold
   pins on it meanwhile (an executor reading or writing it), which delay the free, never the
   release.
+- A client batch (`api.rows`) is one entry in ``_pending`` for N rows submitted as N
+  requests, each in a part of the request's one slot (`Slot.part`: pins go to the slot); it
+  is answered once, when its last row is (`RowsJoin`), counted N times in the server's
+  ``outstanding``, and cancelled whole (every row, once). Its joined outputs are copies, so
+  its slot is released when that reply is queued.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
 
 from clockwork_async.api.auth import Scope
-from clockwork_async.api.service import (
-    InferOutcome,
-    ModelRoute,
-    RequestHost,
-    ServiceError,
-)
+from clockwork_async.api.rows import Rows, RowsJoin, RowsRefused, plan_rows, status_in
+from clockwork_async.api.service import InferOutcome, ModelRoute
+from clockwork_async.api.session_admin import MODEL_CHANGES, AdminHost, AdminVerbs
 from clockwork_async.connection import Connection, ConnectionState
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import ArenaRefusal, IoArena, Slot
 from clockwork_async.logs import request_extra
 from clockwork_async.wire.codec import EncodeError, ProtocolError, Screened
 from clockwork_async.wire.messages import (
-    AddModel,
     ApiCode,
     CancelInfer,
-    CancelRegistration,
     ErrorCode,
-    GetHealth,
-    GetStats,
-    HealthReply,
     InferReply,
     InferRequest,
-    ListModels,
     Message,
-    ModelsReply,
-    ModelStatus,
     Ping,
     Pong,
-    RemoveModel,
-    StatsReply,
 )
 
 log = logging.getLogger(__name__)
 
-ONNX_FILE = "model.onnx"  # the key of AddModel.files that holds the model
 NS_PER_MS = 1_000_000
 # How far from now a deadline may be, either way. The daemon's monotonic clock, an executor's
 # clock offset and the deadline each stay under 2**62, so a deadline moved to any executor's
@@ -87,9 +78,9 @@ def route_to(routes: Mapping[str, ModelRoute], model: str) -> tuple[str, int]:
     return (route.target, route.version) if route is not None else (model, 0)
 
 
-class SessionHost(RequestHost, Protocol):
-    """What a msgpack session needs besides: the IO arena, clocks, the upload budget, admin
-    tasks and the server's snapshot."""
+class SessionHost(AdminHost, Protocol):
+    """What a msgpack session needs besides what its admin verbs do: the IO arena and
+    clocks."""
 
     @property
     def io_arena(self) -> IoArena | None: ...
@@ -98,14 +89,6 @@ class SessionHost(RequestHost, Protocol):
 
     def unix_now_ns(self) -> int: ...
 
-    def admit_upload(self, nbytes: int) -> tuple[str, str] | None: ...
-
-    def upload_ended(self, nbytes: int) -> None: ...
-
-    def track_admin(self, task: asyncio.Task[None]) -> None: ...
-
-    def snapshot(self) -> dict[str, object]: ...
-
 
 @dataclass(slots=True)
 class _Pending:
@@ -113,26 +96,11 @@ class _Pending:
 
     received_ns: int
     model_version: int = 0  # the version it was routed to (0: a name without a route)
-    service_id: int | None = None  # None until submit returned (or if it answered at once)
-    done: bool = False
     slot: Slot | None = None  # the IO arena slot its tensors were read into
-
-
-@dataclass(slots=True)
-class _UploadHold:
-    """One add_model's share of the server's upload budget, given back exactly once."""
-
-    server: SessionHost
-    nbytes: int
-    held: bool = True
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.server.upload_ended(self.nbytes)
-
-    def release_on_done(self, _task: asyncio.Task[None]) -> None:
-        self.release()
+    rows: int = 1  # a client batch's rows, each a request of the request path's (`api.rows`)
+    service_ids: list[int] = field(default_factory=list)  # its rows', as submit returned them
+    done: bool = False
+    cancelling: bool = False  # cancelled, or a row was refused: every row is cancelled
 
 
 class ApiSession:
@@ -148,21 +116,15 @@ class ApiSession:
         self._next_slot: Slot | None = None  # leased by the screen, for `_lend` right after
         self._lent: deque[Slot] = deque()  # read into, not yet handed over, in frame order
         self._refused_here: deque[tuple[Outcome, str] | None] = deque()  # screened, in order
-        self._scopes = scopes
         self._pending: dict[int, _Pending] = {}
-        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._admin = AdminVerbs(server, scopes, self, self._send)
         self._idle = asyncio.Event()  # set while nothing is in flight
         self._idle.set()
         self._handlers: dict[type[Any], Callable[[Any], None]] = {
             InferRequest: self._infer,
             CancelInfer: self._cancel,
-            ListModels: self._list_models,
-            AddModel: self._add_model,
-            RemoveModel: self._remove_model,
-            CancelRegistration: self._cancel_registration,
-            GetStats: self._stats,
-            GetHealth: self._health,
             Ping: self._ping,
+            **self._admin.handlers(),
         }
 
     @property
@@ -171,7 +133,18 @@ class ApiSession:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending) + len(self._tasks)
+        return len(self._pending) + len(self._admin.tasks)
+
+    def busy(self, request_id: int) -> bool:
+        """Whether ``request_id`` is in flight (an infer or a model change)."""
+        return request_id in self._pending or request_id in self._admin.tasks
+
+    def admin_changed(self) -> None:
+        """A model change was accepted or answered (`AdminGate`)."""
+        if self.in_flight:
+            self._idle.clear()
+        else:
+            self._idle.set()
 
     async def run(self) -> None:
         """Serve until the connection ends, handling each message as it is decoded
@@ -189,8 +162,8 @@ class ApiSession:
         handler(message)
         if not self._connection.queued_messages:
             self._requests.flush()  # this read's requests are all in: schedule them
-        if isinstance(message, AddModel | RemoveModel | CancelRegistration):
-            return self._admin_settled(message.request_id)  # its frame is not held meanwhile
+        if isinstance(message, MODEL_CHANGES):
+            return self._admin.settled(message.request_id)  # its frame is not held meanwhile
         return None  # (a slow reader: dispatch stops reading while our replies back up)
 
     async def settle(self) -> None:
@@ -212,8 +185,7 @@ class ApiSession:
         """The connection is gone: cancel what it still waits for (each once), and release
         the slots of frames never handed over (one cut off mid-tensor included)."""
         for entry in list(self._pending.values()):
-            if entry.service_id is not None and not entry.done:
-                self._requests.cancel(entry.service_id)
+            self._cancel_rows(entry)
         unclaimed = [*self._lent, *([self._next_slot] if self._next_slot else [])]
         self._lent.clear()
         self._next_slot = None
@@ -224,40 +196,83 @@ class ApiSession:
 
     def _infer(self, request: InferRequest) -> None:
         slot = self._claim_slot(request)
-        refusal = self._refusal(request)
+        refusal, rows = self._refusal(request), [request.inputs]
+        if refusal is None:
+            try:
+                rows = self._rows(request)
+            except RowsRefused as refused:
+                refusal = refused.outcome, refused.message
         if refusal is not None:
             self._send_infer_reply(request.request_id, *refusal)
             if slot is not None:
                 slot.release()
             return
-        slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
         model, version = self._route(request.model)  # read here, once: a swap is atomic
-        entry = _Pending(self._server.now_ns(), version, slot=slot)
+        entry = _Pending(self._server.now_ns(), version, slot=slot, rows=len(rows))
         self._pending[request.request_id] = entry
         self._idle.clear()
-        self._server.request_started()
-        on_reply = partial(self._on_outcome, request.request_id, entry)
-        in_slot = {} if slot is None else {"slot": slot}  # a service without an arena: none
+        for _ in rows:
+            self._server.request_started()
         try:
-            service_id = self._requests.submit(
-                model,
-                request.inputs,
-                slo_ns=slo_ns,
-                deadline_unix_ns=request.deadline_unix_ns,
-                on_reply=on_reply,
-                **in_slot,
-            )
+            self._submit(request, model, rows, entry)
         except Exception as error:  # a bug in the service: this request alone fails
             peer = self._connection.peername
             log.exception("submit failed (client %r, its request %d)", peer, request.request_id)
+            self._cancel_rows(entry)  # a batch's rows before it (their join never comes)
             if not entry.done:
                 self._finish(request.request_id, entry)
                 why = f"submit failed: {error!r}"
                 self._send_infer_reply(request.request_id, ApiCode.INTERNAL, why)
                 self._release(entry, with_outputs=False)
+
+    def _rows(self, request: InferRequest) -> Rows:
+        """The request's rows (`api.rows.plan_rows`). Raises RowsRefused."""
+        first = next(iter(request.inputs.values()), None)
+        if first is None or not first.ndim or first.shape[0] == 1:
+            return [request.inputs]  # one row, as plan_rows would say: most requests' way
+        room = self._server.limits.max_outstanding_total - self._server.outstanding
+        models = self._service.list_models
+        return plan_rows(request.inputs, lambda: status_in(models(), request.model), room)
+
+    def _submit(self, request: InferRequest, model: str, rows: Rows, entry: _Pending) -> None:
+        """Submit ``rows`` to the request path: one row as it is; a client batch as rows
+        whose answers are joined (`RowsJoin`), each row in a part of the request's slot."""
+        slo_ns = None if request.slo_ms is None else slo_ms_to_ns(request.slo_ms)
+        on_reply = partial(self._on_outcome, request.request_id, entry)
+        slot = entry.slot
+        replies: list[Callable[[InferOutcome], None]]
+        slots: list[Slot | None]
+        if len(rows) == 1:
+            replies, slots = [on_reply], [slot]
+        else:
+            join = RowsJoin(len(rows), on_reply, partial(self._cancel_rows, entry))
+            replies = [join.on_row(index) for index in range(len(rows))]
+            slots = [None if slot is None else slot.part() for _ in rows]
+        for row, row_reply, row_slot in zip(rows, replies, slots, strict=True):
+            in_slot = {} if row_slot is None else {"slot": row_slot}  # no arena: none
+            service_id = self._requests.submit(
+                model,
+                row,
+                slo_ns=slo_ns,
+                deadline_unix_ns=request.deadline_unix_ns,
+                on_reply=row_reply,
+                **in_slot,
+            )
+            entry.service_ids.append(service_id)
+            if entry.cancelling and not entry.done:
+                self._requests.cancel(service_id)  # a row before it was refused
+
+    def _cancel_rows(self, entry: _Pending) -> None:
+        """Cancel every row of ``entry`` still in the request path, once (answered ones ignore
+        it): the request was cancelled or its connection went, or a row of a client batch was
+        refused (then so is the answer: the other rows need not run)."""
+        if entry.cancelling:
             return
-        if not entry.done:
-            entry.service_id = service_id
+        entry.cancelling = True
+        for service_id in entry.service_ids:
+            if entry.done:
+                return
+            self._requests.cancel(service_id)
 
     def _screen(self, cls: type[Any], fields: Mapping[str, Any], nbytes: int) -> str | None:
         """The door, from an InferRequest's header: the service says whether to keep it."""
@@ -323,7 +338,7 @@ class ApiSession:
         for the arena, ``bad_input``), like any other request (its tensors were never kept)."""
         request_id = screened.fields["request_id"]
         here = self._refused_here.popleft() if self._refused_here else None
-        if self._busy(request_id):
+        if self.busy(request_id):
             why = f"request id {request_id} is already in flight"
             self._send_infer_reply(request_id, ApiCode.DUPLICATE_ID, why)
             return
@@ -343,7 +358,7 @@ class ApiSession:
 
     def _refusal(self, request: InferRequest) -> tuple[str, str] | None:
         """(status, sentence) when ``request`` is refused before it reaches the service."""
-        if self._busy(request.request_id):
+        if self.busy(request.request_id):
             return ApiCode.DUPLICATE_ID, f"request id {request.request_id} is already in flight"
         if not self._server.accepting_requests:
             return Outcome.SHUTTING_DOWN, "the server is shutting down"
@@ -356,15 +371,15 @@ class ApiSession:
             return Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)"
         return _deadline_problem(request, self._server.unix_now_ns())
 
-    def _busy(self, request_id: int) -> bool:
-        return request_id in self._pending or request_id in self._tasks
-
     def _on_outcome(self, request_id: int, entry: _Pending, outcome: InferOutcome) -> None:
         if entry.done:
             extra = request_extra(outcome.request_id)
             log.error("answered twice; the second answer is dropped", extra=extra)
             return
         self._finish(request_id, entry)
+        # A client batch's outputs are its rows' joined (copied) out of the arena: only one
+        # row's are views of the slot, which must then outlive the reply's write.
+        in_slot = bool(outcome.outputs) and entry.rows == 1
         timing_ns = {key: int(value) for key, value in outcome.timing_ns.items()}
         timing_ns["total"] = self._server.now_ns() - entry.received_ns
         self._send_infer_reply(
@@ -377,17 +392,18 @@ class ApiSession:
             batch_size=outcome.batch_size,
             model_version=entry.model_version,
         )
-        self._release(entry, with_outputs=bool(outcome.outputs))
+        self._release(entry, with_outputs=in_slot)
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
         entry.done = True
         if self._pending.get(request_id) is entry:
             del self._pending[request_id]
-        self._server.request_ended()
+        for _ in range(entry.rows):
+            self._server.request_ended()
         self._maybe_idle()
 
     def _maybe_idle(self) -> None:
-        if not self._pending and not self._tasks:
+        if not self._pending and not self._admin.tasks:
             self._idle.set()
 
     def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
@@ -401,172 +417,18 @@ class ApiSession:
 
     def _cancel(self, request: CancelInfer) -> None:
         entry = self._pending.get(request.request_id)
-        if entry is not None and entry.service_id is not None and not entry.done:
-            self._requests.cancel(entry.service_id)
+        if entry is not None:
+            self._cancel_rows(entry)
 
-    # --- models -----------------------------------------------------------------------------
-
-    def _list_models(self, request: ListModels) -> None:
-        def answer() -> ModelsReply:
-            models = tuple(self._service.list_models())
-            return ModelsReply(request.request_id, ApiCode.OK, f"{len(models)} models", models)
-
-        self._answer_now(request.request_id, answer, ModelsReply)
-
-    def _add_model(self, request: AddModel) -> None:
-        request_id = request.request_id
-        onnx = request.files.get(ONNX_FILE)
-        if set(request.files) != {ONNX_FILE} or onnx is None or not _is_byte_vector(onnx):
-            why = f"add_model takes exactly one file, {ONNX_FILE!r}, as a 1-D uint8 tensor"
-            self._send(ModelsReply(request_id, ApiCode.BAD_REQUEST, why))
-            return
-        refusal = self._admin_refusal(request_id, "add_model")
-        refusal = refusal or self._server.admit_upload(onnx.nbytes)
-        if refusal is not None:
-            self._send(ModelsReply(request_id, *refusal))
-            return
-        # The task holds a copy of the model's bytes, never the message (nor its frame).
-        self._start_upload(request, onnx.tobytes())
-
-    def _start_upload(self, request: AddModel, onnx_bytes: bytes) -> None:
-        """Run an admitted upload; its share of the server's budget is given back once."""
-        hold = _UploadHold(self._server, len(onnx_bytes))
-        request_id, name, model_toml = request.request_id, request.name, request.model_toml
-        replace, wait = request.replace, request.wait
-
-        async def add() -> ModelsReply:
-            try:
-                status = await self._service.add_model(
-                    name, onnx_bytes, model_toml, replace=replace, wait=wait
-                )
-            finally:
-                hold.release()  # before the reply: the client may upload again at once
-            done = f"replaced by version {status.version}" if replace else "added"
-            done = done if wait else f"stored as version {status.version}; {status.state}"
-            return _models_reply(request_id, f"model {name!r} {done}", status)
-
-        task = self._spawn_admin(request_id, "add_model", add)
-        task.add_done_callback(hold.release_on_done)  # also when cancelled before it ran
-
-    def _remove_model(self, request: RemoveModel) -> None:
-        async def remove() -> ModelsReply:
-            await self._service.remove_model(request.name)
-            return _models_reply(request.request_id, f"model {request.name!r} removed")
-
-        self._start_admin(request.request_id, "remove_model", remove)
-
-    def _cancel_registration(self, request: CancelRegistration) -> None:
-        async def cancel() -> ModelsReply:
-            status = await self._service.cancel_registration(request.name)
-            return _models_reply(request.request_id, f"registration of {request.name!r}", status)
-
-        self._start_admin(request.request_id, "cancel_registration", cancel)
-
-    def _start_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> None:
-        refusal = self._admin_refusal(request_id, what)
-        if refusal is not None:
-            self._send(ModelsReply(request_id, *refusal))
-            return
-        self._spawn_admin(request_id, what, work)
-
-    def _spawn_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(self._run_admin(request_id, what, work))
-        self._tasks[request_id] = task
-        self._idle.clear()
-        self._server.track_admin(task)
-        return task
-
-    def _admin_refusal(self, request_id: int, what: str) -> tuple[str, str] | None:
-        if Scope.ADMIN not in self._scopes:
-            return ApiCode.FORBIDDEN, f"{what} needs a token with the admin scope"
-        if self._busy(request_id):
-            return ApiCode.DUPLICATE_ID, f"request id {request_id} is already in flight"
-        if not self._server.accepting_requests:
-            return ApiCode.SHUTTING_DOWN, "the server is shutting down"
-        if self.in_flight >= self._server.limits.max_outstanding_per_connection:
-            return ApiCode.OVERLOADED, "this connection has too many requests in flight"
-        return None
-
-    async def _admin_settled(self, request_id: int) -> None:
-        """Read nothing more from this connection until its model change is answered: one
-        change at a time per connection, so pipelined uploads wait in the socket (bounded by
-        the kernel and the decoder's queue), not in memory as tasks holding their bytes."""
-        task = self._tasks.get(request_id)
-        if task is not None:
-            await asyncio.wait({task})  # run() being cancelled must not cancel the change
-
-    async def _run_admin(
-        self, request_id: int, what: str, work: Callable[[], Awaitable[ModelsReply]]
-    ) -> None:
-        try:
-            reply = await work()
-        except ServiceError as error:
-            reply = ModelsReply(request_id, error.code, error.message)
-        except Exception as error:
-            log.exception("%s (request %d) failed", what, request_id)
-            reply = ModelsReply(request_id, ApiCode.INTERNAL, f"{what} failed: {error!r}")
-        finally:
-            self._tasks.pop(request_id, None)
-        self._send_quietly(reply)
-        self._maybe_idle()
-
-    # --- stats, health, ping -------------------------------------------------------------------
-
-    def _stats(self, request: GetStats) -> None:
-        def answer() -> StatsReply:
-            stats = dict(self._service.stats())
-            stats.setdefault("api", self._server.snapshot())
-            data = json.dumps(stats, separators=(",", ":"), default=str).encode()
-            return StatsReply(request.request_id, ApiCode.OK, "stats", data)
-
-        self._answer_now(request.request_id, answer, StatsReply)
-
-    def _health(self, request: GetHealth) -> None:
-        def answer() -> HealthReply:
-            health = self._service.health()
-            sentence = "ready" if health.ready else f"not ready: {health.reason}"
-            return HealthReply(
-                request.request_id, ApiCode.OK, sentence, health.live, health.ready, health.reason
-            )
-
-        self._answer_now(request.request_id, answer, HealthReply)
+    # --- ping, sending -------------------------------------------------------------------------
 
     def _ping(self, ping: Ping) -> None:
         self._send(Pong(ping.seq, ping.sent_ns, self._server.now_ns()))
-
-    # --- sending --------------------------------------------------------------------------------
-
-    def _answer_now(
-        self,
-        request_id: int,
-        answer: Callable[[], Message],
-        reply_type: type[ModelsReply] | type[StatsReply] | type[HealthReply],
-    ) -> None:
-        """Send ``answer()``; a failure of the service or of encoding becomes ``internal``."""
-        if self._busy(request_id):
-            why = f"request id {request_id} is already in flight"
-            self._send(reply_type(request_id, ApiCode.DUPLICATE_ID, why))
-            return
-        try:
-            self._send(answer())
-        except Exception as error:  # a bug in the service, or a reply too large to encode
-            log.exception("%s (request %d) failed", reply_type.TAG, request_id)
-            self._send(reply_type(request_id, ApiCode.INTERNAL, f"failed: {error!r}"))
 
     def _send(self, message: Message) -> None:
         """Queue ``message`` unless the connection is gone. Raises EncodeError."""
         if self._connection.state is ConnectionState.OPEN:
             self._connection.send(message)
-
-    def _send_quietly(self, reply: ModelsReply) -> None:
-        try:
-            self._send(reply)
-        except EncodeError as error:
-            self._send(ModelsReply(reply.request_id, ApiCode.INTERNAL, f"unencodable: {error}"))
 
 
 def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str] | None:
@@ -589,14 +451,6 @@ def _deadline_problem(request: InferRequest, unix_now_ns: int) -> tuple[str, str
             )
             return Outcome.BAD_INPUT, why
     return None
-
-
-def _is_byte_vector(array: np.ndarray) -> bool:
-    return bool(array.dtype == np.uint8 and array.ndim == 1)
-
-
-def _models_reply(request_id: int, sentence: str, *models: ModelStatus) -> ModelsReply:
-    return ModelsReply(request_id, ApiCode.OK, sentence, models)
 
 
 def slo_ms_to_ns(slo_ms: float) -> int:

@@ -8,7 +8,7 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; a client batch of N rows is submitted as N requests and answered as one
-(`api.v2_rows`).
+(`api.rows`, as the msgpack session does).
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a caller that goes away (its task cancelled) cancels its request once;
@@ -29,9 +29,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from clockwork_async.api.auth import Scope, TokenAuth
+from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, RequestHost
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
-from clockwork_async.api.v2_rows import has_batch_axis, join_outcomes, leading_rows, split_rows
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
 from clockwork_async.core.outcomes import Outcome
@@ -43,7 +43,6 @@ NS_PER_US = 1_000
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 READY_STATES = frozenset({"ready", "loaded"})
-MAX_ROWS = 1024  # rows of one client batch, each a request of its own
 
 
 class DoorHost(RequestHost, Protocol):
@@ -149,23 +148,14 @@ class Door:
             raise
 
     def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
-        """A client batch as rows (`api.v2_rows`), within the cap on requests in flight. Only
-        then is the model's status read (its inputs' batch axes): a request of one row costs
-        no lookup."""
-        rows = leading_rows(inputs)
-        if rows == 1 or not has_batch_axis(self._inputs_of(model)):
-            return [inputs]
-        room = self.host.limits.max_outstanding_total - self.host.outstanding
-        if rows > min(room, MAX_ROWS):
-            why = f"a batch over {MAX_ROWS} rows, or more than the server has room for now"
-            raise V2Error(Outcome.OVERLOADED, why)
-        return split_rows(inputs, rows)
-
-    def _inputs_of(self, model: str) -> tuple[TensorSpec, ...]:
-        for status in self.host.service.list_models():
-            if status.name == model:
-                return status.inputs
-        return ()
+        """A client batch as rows (`api.rows.plan_rows`: at most the model's largest batch,
+        within the cap on requests in flight). Raises V2Error."""
+        host = self.host
+        room = host.limits.max_outstanding_total - host.outstanding
+        try:
+            return plan_rows(inputs, lambda: status_in(host.service.list_models(), model), room)
+        except RowsRefused as refused:
+            raise V2Error(refused.outcome, refused.message) from None
 
     def _start(
         self,

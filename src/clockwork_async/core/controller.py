@@ -14,7 +14,7 @@ The core in layers; a module imports only from its own layer or lower ones (test
 forbids any import cycle; docs/controller.md, "Layers"):
 
 1. vocabulary: errors, outcomes, events, config, percentile, profiles, capacity, clock, models
-   (spec checks);
+   (spec checks), buckets (variants per shape bucket);
 2. entities: queues, lanes, entities (requests, models, executors, actions, booked batches);
 3. state: the data (CoreState), with lookups that only read it;
 4. agenda (what to look at next), feasibility, eviction, room, ledger;

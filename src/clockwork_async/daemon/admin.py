@@ -36,9 +36,9 @@ from functools import partial
 
 from clockwork_async import build
 from clockwork_async.api.service import Health, ModelRoute, ServiceError
+from clockwork_async.daemon.instances import Registrar, Registration, bucketed_model, served_name
 from clockwork_async.daemon.metrics import Metrics
 from clockwork_async.daemon.registration_jobs import Job, JobError, Jobs, JobState, job_status
-from clockwork_async.models.profile_cache import ProfileCache
 from clockwork_async.models.repository import (
     ModelEntry,
     ModelNotFound,
@@ -47,9 +47,6 @@ from clockwork_async.models.repository import (
     ScanProblem,
 )
 from clockwork_async.runtime.driver import Driver, RegisteredModel
-from clockwork_async.runtime.executor_link import LinkError
-from clockwork_async.runtime.profiler import RegistrationProfile
-from clockwork_async.runtime.registration import RegistrationError
 from clockwork_async.wire.messages import ApiCode, ModelStatus
 
 log = logging.getLogger(__name__)
@@ -76,17 +73,6 @@ class RescanReport:
         return f"failed {list(self.failed)}, skipped [{skipped}]"
 
 
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """How the daemon registers repository models on its executors."""
-
-    cache: ProfileCache
-    machine_for: Callable[[ModelEntry], str]  # profile cache key: CPU, backend, runtime, ...
-    budget_bytes: int  # host weights, one copy per content hash
-    path_for: Callable[[ModelEntry], str]  # what executors are told to register
-    max_concurrent: int = 2  # registration jobs at once (profiler.max_concurrent)
-
-
 class DaemonService:
     """Implements `api.service.Admin` over a Driver, a Repository and Metrics."""
 
@@ -102,11 +88,13 @@ class DaemonService:
         self._registration = registration
         self._served: dict[str, ModelEntry] = {}
         self._instances: dict[str, RegisteredModel] = {}  # by instance name
+        self._variants: dict[str, tuple[RegisteredModel, ...]] = {}  # bucketed instances'
         # Instance name -> where its requests go; the client API reads it (never rebound).
         self.routes: dict[str, ModelRoute] = {}
         self._metrics = metrics
         self._lock = asyncio.Lock()
         self._jobs = Jobs(registration.max_concurrent)
+        self._registrar = Registrar(driver, registration, lambda: self.on_change())
         self.accepting = True  # False once draining: health says so
         self.extra_stats: Callable[[], Mapping[str, object]] = dict
         self.on_change: Callable[[], None] = _nothing  # after every add, remove and rescan
@@ -119,8 +107,8 @@ class DaemonService:
         """Every registered instance, by name."""
         loaded = {m.name: m.loaded_on for m in self._driver.snapshot().models}
         served = [
-            self._status(name, loaded.get(model.name, ()))
-            for name, model in sorted(self._instances.items())
+            self._status(name, _loaded_on(loaded, self._models_of(name)))
+            for name in sorted(self._instances)
         ]
         jobs = [job_status(job) for job in self._jobs.all() if job.state is not JobState.READY]
         return sorted(served + jobs, key=lambda status: (status.name, status.version))
@@ -211,7 +199,7 @@ class DaemonService:
     ) -> None:
         """The job of an add: register (ready when routed), retire the version it replaced;
         on failure or cancel, put the old files back. Raises JobError."""
-        retired = [self._instances[i] for i in old.instances] if old is not None else []
+        retired = [m for i in old.instances for m in self._models_of(i)] if old else []
         try:
             async with self._changing():
                 await self._register(entry, job)
@@ -396,22 +384,8 @@ class DaemonService:
         self._check_budget(entry.name, entry.sha256, entry.size_bytes)
         if not any(executor.up for executor in self._driver.snapshot().executors):
             raise ServiceError(ApiCode.UNAVAILABLE, f"cannot register {entry.name!r}: no executor")
-        cached = await asyncio.to_thread(self._cached_profile, entry)
-        profile = cached
-        done: list[RegisteredModel] = []
-        try:
-            for instance in entry.instances:
-                target = served_name(instance, entry.version)
-                model = await self._register_instance(entry, target, profile, job)
-                done.append(model)
-                profile = model.profile
-        except BaseException:
-            for model in done:
-                await self._driver.unregister_model(model.name)
-            raise
-        if profile is not None and profile != cached:
-            await asyncio.to_thread(self._store_profile, entry, profile)
-        self._switch(entry, done)
+        done, variants = await self._registrar.register(entry, job)
+        self._switch(entry, done, variants)
         job.move(JobState.READY, time.monotonic_ns())
         log.info(
             "model %r version %d registered as %s",
@@ -420,75 +394,62 @@ class DaemonService:
             ", ".join(model.name for model in done),
         )
 
-    def _switch(self, entry: ModelEntry, models: list[RegisteredModel]) -> None:
+    def _models_of(self, instance: str) -> tuple[RegisteredModel, ...]:
+        """The core models serving ``instance``: its variants, or itself."""
+        return self._variants.get(instance) or (self._instances[instance],)
+
+    def _switch(
+        self,
+        entry: ModelEntry,
+        models: list[RegisteredModel],
+        variants: Mapping[str, tuple[RegisteredModel, ...]],
+    ) -> None:
         """Serve ``entry`` as ``models`` from now on, in one step (requests are routed by
         `routes`); the instances of the version it replaces are no longer routed to."""
         old = self._served.get(entry.name)
-        for instance in old.instances if old is not None else ():
-            self._instances.pop(instance, None)
-            self.routes.pop(instance, None)
+        if old is not None:
+            for instance in old.instances:
+                self._forget(instance, old.version)
         self._served[entry.name] = entry
         for instance, model in zip(entry.instances, models, strict=True):
+            target = served_name(instance, entry.version)
             self._instances[instance] = model
-            self.routes[instance] = ModelRoute(model.name, entry.version)
-            if model.name != instance:
-                self._metrics.instance_aliases[model.name] = instance
+            self.routes[instance] = ModelRoute(target, entry.version)
+            for each in variants.get(instance, (model,)):
+                if each.name != instance:
+                    self._metrics.instance_aliases[each.name] = instance
+            if instance in variants:
+                self._variants[instance] = variants[instance]
+                buckets = self._driver.dispatcher.buckets
+                buckets[target] = bucketed_model(target, entry, variants[instance])
 
-    async def _register_instance(
-        self, entry: ModelEntry, target: str, profile: RegistrationProfile | None, job: Job
-    ) -> RegisteredModel:
-        def on_stage(stage: str) -> None:  # "profiling", then what it runs
-            job.progress = stage
-            if job.state is JobState.REGISTERING:
-                job.move(JobState.PROFILING, time.monotonic_ns())
-                self.on_change()
-
-        try:
-            return await self._driver.register_model(
-                target,
-                self._registration.path_for(entry),
-                batch_sizes=entry.batch_sizes if entry.batch_sizes_declared else (),
-                group=entry.group,
-                default_slo_ns=entry.default_slo_ns,
-                profile=profile,
-                inputs=entry.inputs if entry.axes else (),  # declared lengths, if any
-                derive_slo=not entry.default_slo_declared,
-                on_stage=on_stage,
-            )
-        except (RegistrationError, LinkError, TimeoutError) as error:
-            raise ServiceError(ApiCode.BAD_MODEL, str(error) or repr(error)) from None
+    def _forget(self, instance: str, version: int) -> None:
+        """Stop routing to ``instance`` (its models are dropped by the caller)."""
+        self._instances.pop(instance, None)
+        self.routes.pop(instance, None)
+        if self._variants.pop(instance, None) is not None:
+            self._driver.dispatcher.buckets.pop(served_name(instance, version), None)
 
     async def _unregister(self, entry: ModelEntry) -> None:
         """Stop serving every instance of ``entry`` (already gone ones are skipped)."""
         self._served.pop(entry.name, None)
         for instance in entry.instances:
-            self.routes.pop(instance, None)
-            model = self._instances.pop(instance, None)
-            if model is not None:
+            models = self._models_of(instance) if instance in self._instances else ()
+            self._forget(instance, entry.version)
+            for model in models:
                 await self._drop(model.name)
         log.info("model %r unregistered", entry.name)
-
-    def _cached_profile(self, entry: ModelEntry) -> RegistrationProfile | None:
-        machine = self._registration.machine_for(entry)
-        return self._registration.cache.get(
-            entry.profile_key, machine, RegistrationProfile.from_json
-        )
-
-    def _store_profile(self, entry: ModelEntry, profile: RegistrationProfile) -> None:
-        machine = self._registration.machine_for(entry)
-        try:
-            self._registration.cache.put(entry.profile_key, machine, profile.to_json())
-        except OSError as error:
-            log.warning("profile of %r not cached: %s", entry.name, error)
 
 
 def _nothing() -> None:
     pass
 
 
-def served_name(instance: str, version: int) -> str:
-    """The name the request path serves ``version`` of ``instance`` under."""
-    return instance if version == 1 else f"{instance}@v{version}"
+def _loaded_on(
+    loaded: Mapping[str, tuple[str, ...]], models: tuple[RegisteredModel, ...]
+) -> tuple[str, ...]:
+    """The executors holding any of ``models`` (an instance's, or its buckets' variants)."""
+    return tuple(dict.fromkeys(e for model in models for e in loaded.get(model.name, ())))
 
 
 def _read_files(entry: ModelEntry) -> tuple[bytes, str | None]:

@@ -26,7 +26,8 @@ from clockwork_async.config.daemon import (
     RemoteExecutorConfig,
     ServerConfig,
 )
-from clockwork_async.daemon.admin import DaemonService, Registration
+from clockwork_async.daemon.admin import DaemonService
+from clockwork_async.daemon.instances import Registration
 from clockwork_async.daemon.metrics import ExecutorGauges, LiveSnapshot
 from clockwork_async.ioarena.shared import IoArena
 from clockwork_async.models.profile_cache import ProfileCache, machine_key

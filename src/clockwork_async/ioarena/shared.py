@@ -13,6 +13,10 @@ Invariants:
 - A `Slot` has one owner at a time (the connection whose request it holds) and is freed
   exactly once: when its owner `release`\\ s it and no action holds a `pin` on it, whichever
   comes last. Its output region (`Slot.attach_outputs`) goes with it.
+- A client batch's rows share their request's slot through its parts (`Slot.part`): a part
+  is the same memory with an output region of its own; its pins are the slot's, releasing it
+  does nothing (the owner releases the slot, once), and it is freed with the slot, output
+  region included.
 - Fairness: one owner holds at most ``owner_share`` of the arena's slot bytes (inputs; output
   regions are best effort and not refused); a request larger than that share is refused as
   too large, whatever the occupancy. A full arena or an owner over its share is a refusal
@@ -65,6 +69,8 @@ class Slot:
 
     __slots__ = (
         "_arena",
+        "_parent",
+        "_parts",
         "_pins",
         "_released",
         "counted_bytes",
@@ -85,6 +91,8 @@ class Slot:
         self._pins = 0
         self._released = False
         self.freed = False
+        self._parent: Slot | None = None  # set on a part: the slot its pins go to
+        self._parts: list[Slot] = []
 
     @property
     def array(self) -> np.ndarray:
@@ -95,14 +103,29 @@ class Slot:
     def pinned(self) -> bool:
         return self._pins > 0
 
+    def part(self) -> Slot:
+        """A part of this slot for one row of a client batch (see the module's invariants)."""
+        if self.freed or self._parent is not None:
+            raise RuntimeError(f"part of a freed slot, or of a part, at {self.offset}")
+        part = Slot(self._arena, self.owner, self.offset, self.nbytes)
+        part._parent = self
+        self._parts.append(part)
+        return part
+
     def pin(self) -> None:
         """An action that reads or writes this slot was sent: it is not freed until `unpin`."""
+        if self._parent is not None:
+            self._parent.pin()
+            return
         if self.freed:
             raise RuntimeError(f"pin of a freed slot at {self.offset}")
         self._pins += 1
 
     def unpin(self) -> None:
         """The action is resolved (its result came, or its executor left)."""
+        if self._parent is not None:
+            self._parent.unpin()
+            return
         if self._pins <= 0:
             raise RuntimeError(f"unpin of an unpinned slot at {self.offset}")
         self._pins -= 1
@@ -110,7 +133,10 @@ class Slot:
 
     def release(self) -> None:
         """The owner is done with it (its reply is written, or the request ended without
-        one); freed now, or when the last pin goes. A second call does nothing."""
+        one); freed now, or when the last pin goes. A second call does nothing, and so does
+        a part's (its slot is released)."""
+        if self._parent is not None:
+            return
         self._released = True
         self._maybe_free()
 
@@ -126,6 +152,11 @@ class Slot:
 
     def _maybe_free(self) -> None:
         if self._released and not self._pins and not self.freed:
+            for part in self._parts:
+                part.freed = True
+                if part.outputs is not None:
+                    self._arena.free(part.outputs)
+            self._parts.clear()
             self.freed = True
             if self.outputs is not None:
                 self._arena.free(self.outputs)

@@ -8,21 +8,23 @@ declaration's buckets are distinct, ascending and inside ``[min, max]``; the inp
 `resolve_axes` returns have no dynamic axis but axis 0, so a model is profiled and served at
 shapes a request can actually have.
 
-Today an axis serves one length (its single bucket): serving several lengths needs profiles,
-predictions and batching per bucket (issue 31, points 2 and 3), so a declaration of several is
-parsed, checked and then refused with a "not yet" error naming that work.
+Buckets: an axis declared with several lengths (or a model that pads, ``pad = true``) is
+served by buckets (`ShapePlan`, core/buckets.py): axes of several inputs with the same name in
+the file are one *dimension* (ONNX: one length), declared alike; an axis keyed by its index is a
+dimension of its own, named ``INPUT.INDEX``. ``[outputs.NAME.axes] KEY = "DIMENSION"`` says an
+output's axis has a dimension's length, so a padded request's output is cut back to its own.
+``ModelInfo.inputs`` hold the largest bucket's lengths (what a single length serves, as before).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from clockwork_async.wire.messages import TensorSpec
 
 MAX_AXIS_LENGTH = 1 << 24  # a sanity bound on a declared length (16 Mi elements)
-LATER_PART = "issue 31, points 2-3: profiles, predictions and batching per bucket"
 DOCS = 'docs/configuration.md, "Dynamic axes"'
 
 
@@ -43,8 +45,139 @@ class AxisDeclaration:
 
     @property
     def serving_length(self) -> int:
-        """The one length served today (a declaration of several buckets is refused)."""
+        """The length ``ModelInfo.inputs`` hold: the largest bucket."""
         return self.buckets[-1]
+
+    @property
+    def dimension(self) -> str:
+        """The dimension it belongs to: its name in the file (shared by every input with an
+        axis of that name), or ``INPUT.INDEX`` for an axis without one."""
+        return f"{self.input}.{self.key}" if self.key.isdigit() else self.key
+
+
+@dataclass(frozen=True, slots=True)
+class Dimension:
+    """One length a request has, at one or more (input, axis) places."""
+
+    name: str
+    lengths: tuple[int, ...]  # ascending: its buckets
+    places: tuple[tuple[str, int], ...]  # (input, axis index)
+    min_length: int = 1  # shorter requests are refused, even where padding would fit them
+
+
+@dataclass(frozen=True, slots=True)
+class OutputAxis:
+    """An output axis whose length is a dimension's: cut back to a padded request's own."""
+
+    output: str
+    axis: int
+    dimension: int  # index into ShapePlan.dimensions
+
+
+@dataclass(frozen=True, slots=True)
+class ShapePlan:
+    """How a model with declared axes is served by buckets (core/buckets.py)."""
+
+    dimensions: tuple[Dimension, ...]
+    pad: bool = False  # pad a request up to its bucket (the model masks padding)
+    output_axes: tuple[OutputAxis, ...] = ()
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether it is served as one variant per bucket: several lengths, or padding."""
+        return self.pad or any(len(d.lengths) > 1 for d in self.dimensions)
+
+    def inputs_at(
+        self, specs: Sequence[TensorSpec], bucket: Sequence[int]
+    ) -> tuple[TensorSpec, ...]:
+        """``specs`` with every declared axis at ``bucket``'s length of its dimension."""
+        lengths = {
+            place: length
+            for dimension, length in zip(self.dimensions, bucket, strict=True)
+            for place in dimension.places
+        }
+        return tuple(
+            TensorSpec(
+                spec.name,
+                spec.dtype,
+                tuple(lengths.get((spec.name, axis), d) for axis, d in enumerate(spec.shape)),
+            )
+            for spec in specs
+        )
+
+
+def shape_plan(
+    model: str,
+    declarations: Sequence[AxisDeclaration],
+    pad: bool,
+    outputs: Sequence[TensorSpec],
+    output_keys: Mapping[str, Mapping[int, str]],
+    declared_outputs: Mapping[str, Any],
+) -> ShapePlan | None:
+    """The plan of a model's declared axes (None when it declares none), with the output
+    axes ``[outputs.NAME.axes]`` ties to dimensions. Raises AxisError."""
+    if not declarations:
+        if pad or declared_outputs:
+            raise AxisError(
+                f"model {model!r}: pad and [outputs.NAME.axes] need declared input axes ({DOCS})"
+            )
+        return None
+    dimensions: dict[str, Dimension] = {}
+    for declaration in declarations:
+        name = declaration.dimension
+        found = dimensions.get(name)
+        place = (declaration.input, declaration.axis)
+        if found is None:
+            dimensions[name] = Dimension(
+                name, declaration.buckets, (place,), declaration.min_length
+            )
+        elif (found.lengths, found.min_length) != (declaration.buckets, declaration.min_length):
+            raise AxisError(
+                f"model {model!r}: axis {name!r} of input {declaration.input!r} is declared "
+                f"{list(declaration.buckets)} (min {declaration.min_length}), another input's "
+                f"{list(found.lengths)} (min {found.min_length}): an axis name is one length, "
+                "declare it alike"
+            )
+        else:
+            dimensions[name] = replace(found, places=(*found.places, place))
+    order = list(dimensions)
+    axes = _output_axes(model, order, outputs, output_keys, declared_outputs)
+    return ShapePlan(tuple(dimensions.values()), pad, axes)
+
+
+def _output_axes(
+    model: str,
+    dimensions: Sequence[str],
+    outputs: Sequence[TensorSpec],
+    output_keys: Mapping[str, Mapping[int, str]],
+    declared: Mapping[str, Any],
+) -> tuple[OutputAxis, ...]:
+    names = {spec.name for spec in outputs}
+    found: list[OutputAxis] = []
+    for output, table in declared.items():
+        where = f"model {model!r}: [outputs.{_key(output)}.axes]"
+        if output not in names:
+            raise AxisError(f"{where}: the model has no output {output!r} ({sorted(names)})")
+        if (
+            not isinstance(table, dict)
+            or set(table) != {"axes"}
+            or not isinstance(table["axes"], dict)
+        ):
+            raise AxisError(f'{where}: takes one table, axes, of axis = "DIMENSION"')
+        keys = {k: axis for axis, k in output_keys.get(output, {}).items() if axis >= 1}
+        for key, dimension in table["axes"].items():
+            if key not in keys:
+                raise AxisError(
+                    f"{where} {_key(key)}: output {output!r} has no dynamic axis {key!r} "
+                    f"besides the batch (its dynamic axes: {sorted(keys) or 'none'})"
+                )
+            if dimension not in dimensions:
+                raise AxisError(
+                    f"{where} {_key(key)} = {dimension!r}: not a declared input axis "
+                    f"({list(dimensions)})"
+                )
+            found.append(OutputAxis(output, keys[key], dimensions.index(dimension)))
+    return tuple(found)
 
 
 def resolve_axes(
@@ -57,8 +190,7 @@ def resolve_axes(
 
     ``axis_keys`` names each dynamic axis of each input (the file's ``dim_param`` or the
     index as text); ``declared`` is model.toml's ``inputs`` table. Raises AxisError naming
-    the first problem: an unknown input or axis, a bad value, an undeclared dynamic axis, or
-    several lengths for one axis (not served yet).
+    the first problem: an unknown input or axis, a bad value, an undeclared dynamic axis.
     """
     by_name = {spec.name: spec for spec in inputs}
     declarations = [
@@ -107,11 +239,6 @@ def _declaration(
             f"besides the batch (its dynamic axes: {known})"
         )
     min_length, max_length, buckets = _lengths(where, value)
-    if len(buckets) > 1:
-        raise AxisError(
-            f"{where} = {list(buckets)}: serving several lengths is not built yet "
-            f"({LATER_PART}); declare one length, e.g. {_key(key)} = [{buckets[-1]}]"
-        )
     return AxisDeclaration(input_name, keys[key], key, min_length, max_length, buckets)
 
 

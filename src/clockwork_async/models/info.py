@@ -20,7 +20,13 @@ import onnx
 from onnx import external_data_helper
 
 from clockwork_async.config.fields import ConfigError, Raw, build_section, ranged
-from clockwork_async.models.axes import AxisDeclaration, AxisError, resolve_axes
+from clockwork_async.models.axes import (
+    AxisDeclaration,
+    AxisError,
+    ShapePlan,
+    resolve_axes,
+    shape_plan,
+)
 from clockwork_async.sim.profiles import BUILTIN_PROFILES, TINY_SIM
 from clockwork_async.wire.dtypes import WIRE_DTYPES, onnx_wire_name, supported_names
 from clockwork_async.wire.messages import TensorSpec
@@ -53,6 +59,7 @@ class ModelSettings:
     batch_sizes: tuple[int, ...] = ()
     default_slo_ms: float = ranged(100.0, 0.001, 3_600_000.0)
     sim_profile: str = DEFAULT_SIM_PROFILE  # simulated executors: the built-in profile to run
+    pad: bool = False  # pad requests up to their bucket (only for a model that masks padding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +76,7 @@ class ModelInfo:
     sim_profile: str = DEFAULT_SIM_PROFILE
     axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
     default_slo_declared: bool = False  # model.toml set default_slo_ms (else it may be derived)
+    shapes: ShapePlan | None = None  # its declared axes as dimensions and buckets (axes.py)
 
 
 def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> ModelInfo:
@@ -76,7 +84,15 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
     model = _parse_onnx(name, onnx_bytes)
     settings, declared = _parse_toml(name, toml_bytes)
     inputs, axes = _inputs(name, model, declared.get("inputs"))
-    outputs = _tensors(name, "output", model, declared.get("outputs"))
+    declared_outputs = declared.get("outputs")
+    output_axes = declared_outputs if isinstance(declared_outputs, dict) else {}
+    outputs = _tensors(name, "output", model, None if output_axes else declared_outputs)
+    try:
+        shapes = shape_plan(
+            name, axes, settings.pad, outputs, _axis_keys(model, "output"), output_axes
+        )
+    except AxisError as error:
+        raise InvalidModel(str(error)) from None
     return ModelInfo(
         inputs=inputs,
         outputs=outputs,
@@ -88,6 +104,7 @@ def read_model_info(name: str, onnx_bytes: bytes, toml_bytes: bytes | None) -> M
         sim_profile=settings.sim_profile,
         axes=axes,
         default_slo_declared=_declares(toml_bytes, "default_slo_ms"),
+        shapes=shapes,
     )
 
 
@@ -126,15 +143,17 @@ def _check_given_lengths(name: str, specs: Iterable[TensorSpec]) -> None:
             )
 
 
-def _axis_keys(model: onnx.ModelProto) -> dict[str, dict[int, str]]:
-    """Per graph input, each dynamic axis's key: its dim name in the file, else its index."""
+def _axis_keys(model: onnx.ModelProto, kind: str = "input") -> dict[str, dict[int, str]]:
+    """Per graph input (output), each dynamic axis's key: its dim name in the file, else its
+    index."""
+    values = model.graph.output if kind == "output" else model.graph.input
     return {
         value.name: {
             axis: dim.dim_param or str(axis)
             for axis, dim in enumerate(value.type.tensor_type.shape.dim)
             if not dim.HasField("dim_value")
         }
-        for value in model.graph.input
+        for value in values
     }
 
 

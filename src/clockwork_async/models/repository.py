@@ -33,11 +33,12 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from clockwork_async.models.axes import AxisDeclaration
+from clockwork_async.core.buckets import Bucket, all_buckets
+from clockwork_async.models.axes import AxisDeclaration, ShapePlan
 from clockwork_async.models.info import (
     DEFAULT_SIM_PROFILE,
     MODEL_NAME,
@@ -109,6 +110,20 @@ class ModelEntry:
     axes: tuple[AxisDeclaration, ...] = ()  # declared dynamic input axes (model.toml)
     default_slo_declared: bool = False  # in model.toml; else derived from its speed if slow
     version: int = 1  # 1, then one more at each replace (the folder's ``version`` file)
+    shapes: ShapePlan | None = None  # declared axes as dimensions and buckets (models/axes.py)
+
+    @property
+    def buckets(self) -> tuple[Bucket, ...]:
+        """The buckets it is served by (core/buckets.py), smallest first; () when it is served
+        as one model (no declared axis, or one length and no padding)."""
+        if self.shapes is None or not self.shapes.bucketed:
+            return ()
+        return all_buckets([dimension.lengths for dimension in self.shapes.dimensions])
+
+    def at_bucket(self, bucket: Bucket) -> ModelEntry:
+        """This entry with its inputs at ``bucket`` (its variant's own profile key)."""
+        assert self.shapes is not None
+        return replace(self, inputs=self.shapes.inputs_at(self.inputs, bucket))
 
     @property
     def profile_key(self) -> str:

@@ -7,7 +7,9 @@ One idea: the request path between the API and the executor links. Events in: `s
 `cancel`, `flush` (callers), `executor_joined` / `executor_left` (the executor pool), `add_model`
 / `remove_model` and `reserve` / `release` (registration), action results (from links, for the
 actions it sent), ticks (its own timer), `drain` / `close`. Out: actions on links, ``on_reply``
-calls and listeners.
+calls and listeners. `Dispatcher` is assembled from parts in modules of their own: its state,
+lifecycle and read-only view (runtime/dispatch_state.py), the door (runtime/door.py) and the
+lane reservations for registration (runtime/reservations.py); this module is the path itself.
 
 Invariants:
 - The core is entered through ``Controller.handle`` alone, one event at a time, in the order
@@ -17,7 +19,7 @@ Invariants:
   whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
 - The core alone judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and
   plans by it); the dispatcher never changes an outcome. The only answers that do not come
-  from the core are the refusals at the door (`_refusal` and `refuse`: ``shutting_down``,
+  from the core are the refusals at the door (runtime/door.py: ``shutting_down``,
   ``overloaded`` when the daemon's own loop is too far behind, ``unknown_model``,
   ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
   event (a bug).
@@ -32,25 +34,17 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import partial
 
 import numpy as np
 
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.connection import ConnectionClosed
-from clockwork_async.core.config import ControllerConfig
-from clockwork_async.core.controller import Controller
 from clockwork_async.core.errors import ControllerError
 from clockwork_async.core.events import (
-    Abandon,
     ActionFinished,
     Arrivals,
     Command,
@@ -60,12 +54,9 @@ from clockwork_async.core.events import (
     LaneReserved,
     ModelRegistered,
     ModelUnregistered,
-    ReleaseLane,
     Reply,
     RequestArrived,
     RequestCancelled,
-    ReserveLane,
-    Shutdown,
     StartInfer,
     StartLoad,
     StartUnload,
@@ -73,122 +64,33 @@ from clockwork_async.core.events import (
     WakeAt,
 )
 from clockwork_async.core.outcomes import Outcome
-from clockwork_async.ioarena.shared import IoArena, Slot
+from clockwork_async.ioarena.shared import Slot
 from clockwork_async.logs import request_extra
-from clockwork_async.runtime.batching import BadInput, tensor_bytes, validate_request
-from clockwork_async.runtime.config import RuntimeConfig
+from clockwork_async.runtime.batching import tensor_bytes
+from clockwork_async.runtime.dispatch_state import (
+    DispatcherState,
+    ExecutorListener,
+    JoinedExecutor,
+)
+from clockwork_async.runtime.door import Door
 from clockwork_async.runtime.executor_link import ExecutorLink, LinkDown
-from clockwork_async.runtime.hop import Hops
 from clockwork_async.runtime.models import RegisteredModel
 from clockwork_async.runtime.requests import (
     ActionRecord,
     PendingRequest,
-    PredictionErrors,
-    RequestBook,
-    resolve_deadline_ns,
 )
-from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
-from clockwork_async.wire.messages import ActionResult, ExecutorInfo, Message
+from clockwork_async.runtime.reservations import LaneReservations
+from clockwork_async.wire.messages import ActionResult, Message
 
 log = logging.getLogger(__name__)
 
 MAX_HELD_ARRIVALS = 32  # twice the largest usual batch; more are handed to the core at once
-DEFAULT_SLO_NS = 100_000_000  # for requests to a model that is not registered (refused)
 OTHER = "other"  # the metric label of requests for unknown models: clients cannot grow labels
 _ACTIONS = (StartUnload, StartLoad, StartInfer)
 
-# (model label, group label, ns from the answer to the deadline, outcome)
-OutcomeListener = Callable[[str, str, int, InferOutcome], None]
-# (group label, the action, its result)
-ActionListener = Callable[[str, ActionRecord, ActionResult], None]
-ExecutorListener = Callable[[str, bool, str], None]  # (executor id, up, reason)
 
-
-class DispatcherState(StrEnum):
-    RUNNING = "running"
-    DRAINING = "draining"  # the core refuses new requests; outstanding ones finish
-    CLOSED = "closed"
-
-
-_MOVES = {
-    DispatcherState.RUNNING: {DispatcherState.DRAINING, DispatcherState.CLOSED},
-    DispatcherState.DRAINING: {DispatcherState.CLOSED},
-    DispatcherState.CLOSED: set(),
-}
-
-
-@dataclass(slots=True)
-class JoinedExecutor:
-    """A joined executor as the dispatcher uses it: its link and what its results said of its
-    pages and models."""
-
-    link: ExecutorLink
-    info: ExecutorInfo
-    pages_free: int
-    loaded: set[str] = field(default_factory=set)
-    shares_arena: bool = False  # it maps the daemon's IO arena: rows go by reference
-
-
-@dataclass(frozen=True, slots=True)
-class CostCounters:
-    """Where the dispatcher's time went, summed since start (``perf_counter`` ns)."""
-
-    core_ns: int  # inside Controller.handle
-    dispatch_ns: int  # all event handling (core and sends), less callers' reply callbacks
-    send_ns: int  # encoding and writing actions to executor sockets
-
-
-class Dispatcher:
+class Dispatcher(Door, LaneReservations):
     """Runs the controller core in real time against joined executor links."""
-
-    def __init__(
-        self,
-        config: ControllerConfig,
-        runtime: RuntimeConfig | None = None,
-        *,
-        now_ns: Callable[[], int] = time.monotonic_ns,
-        unix_now_ns: Callable[[], int] = time.time_ns,
-        controller: Controller | None = None,
-    ) -> None:
-        self.runtime = runtime or RuntimeConfig()
-        self._core = controller if controller is not None else Controller(config)
-        self._now_ns = now_ns
-        self._unix_now_ns = unix_now_ns
-        self._state = DispatcherState.RUNNING
-        self._book = RequestBook()
-        self._models: dict[str, RegisteredModel] = {}
-        self._executors: dict[str, JoinedExecutor] = {}
-        self._hops = Hops()
-        self._prediction_errors = PredictionErrors()
-        self._request_ids = itertools.count(1)
-        self._events: deque[Event] = deque()
-        self._arrivals: list[RequestArrived] = []  # held until the end of the loop round
-        self._handling = False
-        self._written: set[ExecutorLink] = set()  # links with actions written this handling
-        self._core_ns = self._dispatch_ns = self._send_ns = 0
-        self._timer = WakeTimer(
-            self._on_wake,
-            now_ns=now_ns,
-            arm_early_ns=self.runtime.timer_arm_early_ns,
-            spin_below_ns=self.runtime.timer_spin_below_ns,
-        )
-        self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
-        self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
-        self._loop = LoopLane(now_ns=now_ns, poll_ns=lambda: self._poll.thread_ns)
-        self._drained = asyncio.Event()
-        self._idle_models: dict[str, asyncio.Event] = {}
-        self._reservation_ids = itertools.count(1)
-        self._reserved: dict[tuple[str, int], LaneReserved] = {}  # answers, until taken
-        self.outcome_listeners: list[OutcomeListener] = []
-        self.action_listeners: list[ActionListener] = []
-        self.executor_listeners: list[ExecutorListener] = []
-        self._arena: IoArena | None = None
-        self._feed(self._hops.initial())
-
-    def use_arena(self, arena: IoArena | None) -> None:
-        """Requests' tensors that are in ``arena`` go to the executors that map it as slot
-        references, and their outputs come back into it (before any executor joins)."""
-        self._arena = arena
 
     # --- requests in ---------------------------------------------------------------------------
 
@@ -206,15 +108,6 @@ class Dispatcher:
         (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
         deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns())
         return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply, slot=slot)
-
-    def _deadline_ns(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
-    ) -> int:
-        served = self._models.get(model)
-        default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        return resolve_deadline_ns(
-            slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
-        )
 
     def submit_by(
         self,
@@ -234,12 +127,15 @@ class Dispatcher:
         """
         request_id = next(self._request_ids)
         now_ns = self._now_ns()
+        routed = self._route(model, inputs, on_reply)  # shape buckets: its bucket's variant
+        if routed is not None:
+            model, inputs, on_reply = routed.model, routed.inputs, routed.on_reply
         request = PendingRequest(
             request_id, model, inputs, on_reply, now_ns, deadline_ns, slot=slot
         )
         self._book.add_request(request)
         nbytes = tensor_bytes(inputs)
-        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns)
+        refusal = self._refusal(model, inputs, deadline_ns - now_ns, now_ns, routed)
         self._loop.book(now_ns, nbytes, admitted=refusal is None)
         if refusal is not None:
             self._answer_here(request, *refusal)
@@ -248,55 +144,6 @@ class Dispatcher:
         for event in self._hops.relieve(now_ns):  # nothing measured for a while: tails go
             self._feed(event)
         self._hold(RequestArrived(request_id, model, deadline_ns))
-        return request_id
-
-    def _refusal(
-        self, model: str, inputs: Mapping[str, np.ndarray], slo_ns: int, now_ns: int
-    ) -> tuple[Outcome, str] | None:
-        """Why a request is answered at once, without the core: the server is draining, the
-        daemon's own loop is too far behind for it (`_loop_refusal`), the model is unknown,
-        or its tensors do not fit the model (which the core never sees)."""
-        if self._state is not DispatcherState.RUNNING:
-            return Outcome.SHUTTING_DOWN, "the server is shutting down"
-        overloaded = self._loop_refusal(slo_ns, now_ns)
-        if overloaded is not None:
-            return Outcome.OVERLOADED, overloaded
-        served = self._models.get(model)
-        if served is None:
-            return Outcome.UNKNOWN_MODEL, f"model {model!r} is not registered"
-        try:
-            validate_request(model, served.inputs, served.batch_sizes, inputs)
-        except BadInput as error:
-            return Outcome.BAD_INPUT, str(error)
-        return None
-
-    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
-        runtime = self.runtime
-        return self._loop.refusal(
-            slo_ns, now_ns, share=runtime.loop_delay_share, cap_ns=runtime.max_loop_delay_ns
-        )
-
-    def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
-    ) -> str | None:
-        """The door, from a frame's header (`api.service.Requests.screen`): why the loop
-        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
-        now_ns = self._now_ns()
-        if self._state is not DispatcherState.RUNNING or not self._loop.delay_ns(now_ns):
-            return None  # `submit` answers it shutting_down; an idle loop refuses nothing
-        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
-        return self._loop_refusal(deadline_ns - now_ns, now_ns)
-
-    def refuse(
-        self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]
-    ) -> int:
-        """Answer a request the door screened out ``overloaded`` (its tensors never kept)."""
-        request_id = next(self._request_ids)
-        now_ns = self._now_ns()
-        request = PendingRequest(request_id, model, {}, on_reply, now_ns, now_ns)
-        self._book.add_request(request)
-        self._loop.book(now_ns, nbytes, admitted=False)
-        self._answer_here(request, Outcome.OVERLOADED, reason)
         return request_id
 
     def cancel(self, request_id: int) -> None:
@@ -359,23 +206,6 @@ class Dispatcher:
             self._idle_models.pop(name, None)
         for joined in self._executors.values():
             joined.loaded.discard(name)
-
-    def reserve(
-        self, executor_id: str, lane: str, duration_ns: int, pages: int = 0
-    ) -> LaneReserved:
-        """Hold an executor's lane (and pages) for an action the core does not plan, from a
-        task of its own (core/reservations.py); returns the core's `LaneReserved`. Each is
-        ended by one `release`."""
-        if self._handling:  # its answer would come after this returns: a lane never released
-            raise RuntimeError("Dispatcher.reserve called while an event is being handled")
-        reservation_id = next(self._reservation_ids)
-        self._feed(ReserveLane(executor_id, reservation_id, lane, duration_ns, pages))
-        refused = LaneReserved(executor_id, reservation_id, 0, 0, "the controller refused it")
-        return self._reserved.pop((executor_id, reservation_id), refused)
-
-    def release(self, executor_id: str, reservation_id: int, end_ns: int = 0) -> None:
-        """End a reservation: the reserved action ended at ``end_ns`` (0: now)."""
-        self._feed(ReleaseLane(executor_id, reservation_id, end_ns))
 
     # --- the core --------------------------------------------------------------------------------
 
@@ -448,6 +278,10 @@ class Dispatcher:
 
     def _on_wake(self) -> None:
         self._feed(Tick())
+
+    def _poll_ns(self) -> int:
+        """The loop thread's CPU time spent busy-polling, which `LoopLane` does not count."""
+        return self._poll.thread_ns
 
     # --- actions out -----------------------------------------------------------------------------
 
@@ -575,103 +409,12 @@ class Dispatcher:
         if idle is not None and not self._book.actions_for_model(model):
             idle.set()
 
-    # --- lifecycle -------------------------------------------------------------------------------
-
-    def _enter(self, state: DispatcherState) -> None:
-        """The one state transition. Raises RuntimeError for a move that cannot happen."""
-        if state not in _MOVES[self._state]:
-            raise RuntimeError(f"dispatcher cannot go from {self._state} to {state}")
-        self._state = state
+    # --- starting (the rest of the lifecycle is in runtime/dispatch_state.py) ---------------
 
     def _start(self) -> None:
         if not self._lag.running and self._state is not DispatcherState.CLOSED:
             self._lag.start()
             self._loop.start()
-
-    def busy_poll(self, window_ns: int) -> None:
-        """After each handling, keep the loop polling its sockets for ``window_ns`` instead of
-        sleeping (0: off). Only for a controller with a CPU of its own: the polling uses it."""
-        self._poll.set_window(window_ns)
-
-    async def drain(self, timeout_s: float) -> None:
-        """Have the core refuse new requests (``shutting_down``); wait up to ``timeout_s`` for
-        the outstanding ones, then have it answer the rest ``shutting_down``."""
-        if self._state is DispatcherState.RUNNING:
-            self._enter(DispatcherState.DRAINING)
-            self._feed(Shutdown())
-        if self._book.request_count:
-            self._drained.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._drained.wait(), timeout_s)
-        self._abandon()
-
-    def _abandon(self) -> None:
-        self._feed(Shutdown())
-        self._feed(Abandon())
-        for request in self._book.pop_all_requests():  # none, unless the core refused Abandon
-            now_ns = self._now_ns()
-            message = "the server is shutting down"
-            rejection = self._book.rejection(request, Outcome.SHUTTING_DOWN, message, now_ns)
-            self._deliver(request, rejection, now_ns)
-
-    def close(self) -> None:
-        """Answer what is left ``shutting_down`` (by the core) and stop the timers."""
-        if self._state is DispatcherState.CLOSED:
-            return
-        self._enter(DispatcherState.CLOSED)
-        self._abandon()
-        self._book.unpin_all()  # every request is answered: their slots may go
-        self._timer.cancel()
-        self._poll.cancel()
-        self._lag.stop()
-        self._loop.stop()
-
-    # --- reading (never runs the core) -----------------------------------------------------------
-
-    @property
-    def state(self) -> str:
-        return self._state.value
-
-    @property
-    def book(self) -> RequestBook:
-        """The request book, to read (outcome counts, outstanding requests and actions)."""
-        return self._book
-
-    @property
-    def controller(self) -> Controller:
-        """The core, to read (its stats and queue depths); feed it only through the dispatcher."""
-        return self._core
-
-    @property
-    def models(self) -> dict[str, RegisteredModel]:
-        """The served models, by name (a copy)."""
-        return dict(self._models)
-
-    @property
-    def held_arrivals(self) -> int:
-        """Requests submitted in this loop round, not handed to the core yet."""
-        return len(self._arrivals)
-
-    def held_arrivals_of(self, model: str) -> int:
-        """`held_arrivals` of ``model``."""
-        return sum(arrival.model == model for arrival in self._arrivals)
-
-    def joined(self, executor_id: str) -> JoinedExecutor | None:
-        return self._executors.get(executor_id)
-
-    def costs(self) -> CostCounters:
-        return CostCounters(self._core_ns, self._dispatch_ns, self._send_ns)
-
-    def prediction_errors(self) -> PredictionErrors:
-        return self._prediction_errors
-
-    def timers(self) -> tuple[LagProbe, WakeTimer, BusyPoll]:
-        return self._lag, self._timer, self._poll
-
-    @property
-    def loop_lane(self) -> LoopLane:
-        """The loop as a lane: its learned cost and how far behind it is (to read)."""
-        return self._loop
 
 
 def _log_late(request: PendingRequest, outcome: InferOutcome) -> None:

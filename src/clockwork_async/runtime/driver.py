@@ -23,12 +23,12 @@ from clockwork_async.api.service import InferOutcome
 from clockwork_async.core.config import ControllerConfig
 from clockwork_async.core.controller import Controller
 from clockwork_async.runtime.config import RuntimeConfig
-from clockwork_async.runtime.dispatcher import (
+from clockwork_async.runtime.dispatch_state import (
     ActionListener,
-    Dispatcher,
     ExecutorListener,
     OutcomeListener,
 )
+from clockwork_async.runtime.dispatcher import Dispatcher
 from clockwork_async.runtime.executors import ExecutorPool, ExecutorRecord
 from clockwork_async.runtime.models import (
     RegisteredModel,

@@ -8,6 +8,11 @@ peer sends bytes that do not decode, or nothing was heard for ``heartbeat_timeou
 every action still waiting for its reply is dropped (the driver resolves them through the core),
 every `call` waiting raises `LinkDown`, and ``on_down`` is called exactly once.
 
+A `call` that stops waiting before its reply (its task cancelled, as a registration's is when it
+is cancelled, or timed out) abandons its action; the link remembers the last
+`ABANDONED_REMEMBERED` such ids, so the executor's late reply to one is expected (logged at
+debug) while a reply to an id never sent, or long forgotten, still warns.
+
 `runtime/link_keeper.py` keeps an executor connected (a link at a time, with backoff).
 
 States of a link: ``OPENING -> UP -> DOWN``, or ``-> CLOSED`` from any (closed by us).
@@ -26,8 +31,9 @@ from enum import StrEnum
 from typing import TypeVar
 
 from clockwork_async.config.keys import internal, nested, ranged
-from clockwork_async.connection import Connection, ConnectionClosed, open_connection
+from clockwork_async.connection import Connection, ConnectionClosed
 from clockwork_async.core.config import ConfigError
+from clockwork_async.endpoints import open_connection
 from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.clock_sync import ClockSync, ClockSyncError
 from clockwork_async.wire.codec import ProtocolError
@@ -53,6 +59,7 @@ ActionReply = ActionResult | ModelInfo | State
 _M = TypeVar("_M", Hello, ExecutorInfo, Pong)
 FIRST_CALL_ID = 1 << 62
 MIN_MISSED_PINGS = 2  # the driver's own actions; the core numbers its actions from 0 up
+ABANDONED_REMEMBERED = 1024  # ids of calls given up on, whose late replies are expected
 
 
 class LinkState(StrEnum):
@@ -139,6 +146,7 @@ class ExecutorLink:
         self._now_ns = now_ns
         self._pending: dict[int, ReplyCallback] = {}
         self._calls: dict[int, asyncio.Future[Message]] = {}
+        self._abandoned: dict[int, bool] = {}  # insertion-ordered, at most ABANDONED_REMEMBERED
         self._call_ids = itertools.count(FIRST_CALL_ID)
         self._ping_seq = itertools.count(1_000_000)
         self._last_heard_ns = now_ns()
@@ -231,7 +239,13 @@ class ExecutorLink:
             return await asyncio.wait_for(future, wait_s)
         finally:
             self._calls.pop(action_id, None)
-            self._pending.pop(action_id, None)
+            if self._pending.pop(action_id, None) is not None and self.state is LinkState.UP:
+                self._abandon(action_id)  # sent, and no reply came: one may come late
+
+    def _abandon(self, action_id: int) -> None:
+        self._abandoned[action_id] = True
+        if len(self._abandoned) > ABANDONED_REMEMBERED:
+            del self._abandoned[next(iter(self._abandoned))]  # the oldest
 
     @property
     def outstanding(self) -> int:
@@ -267,13 +281,14 @@ class ExecutorLink:
         if isinstance(message, Pong):
             self._on_pong(message)
         elif isinstance(message, (ActionResult, ModelInfo, State)):
-            callback = self._pending.pop(message.action_id, None)
-            if callback is None:
-                log.warning(
-                    "executor %s: reply to unknown action %d", self.executor_id, message.action_id
-                )
-            else:
+            action_id = message.action_id
+            callback = self._pending.pop(action_id, None)
+            if callback is not None:
                 callback(message)
+            elif self._abandoned.pop(action_id, False):
+                log.debug("executor %s: reply to abandoned action %d", self.executor_id, action_id)
+            else:
+                log.warning("executor %s: reply to unknown action %d", self.executor_id, action_id)
         elif isinstance(message, Error):
             self._go_down(f"executor sent error {message.code}: {message.message}")
         else:

@@ -307,9 +307,10 @@ class ModelStatus:
 
 @dataclass(frozen=True, slots=True)
 class InferRequest:
-    """Run ``model`` on one row of every input. ``request_id`` is the client's, unique among
-    its requests in flight on the connection. Deadline: ``slo_ms`` after arrival at the daemon,
-    or ``deadline_unix_ns`` (Unix time), or neither (the model's default SLO)."""
+    """Run ``model`` on one row of every input (or N rows: a client batch, docs/protocol.md).
+    ``request_id`` is the client's, unique among its requests in flight on the connection.
+    Deadline: ``slo_ms`` after arrival at the daemon, or ``deadline_unix_ns`` (Unix time), or
+    neither (the model's default SLO)."""
 
     TAG: ClassVar[str] = "infer_request"
     request_id: int
