@@ -89,7 +89,9 @@ OURS = ("clockwork", "fifo", "timeout", "clockwork-warm", "clockwork-v2http")
 OURS_HTTP = ("clockwork-v2http",)  # driven over HTTP by http_loadgen, not by bench
 HTTP_PROTOCOLS = ("v2-binary", "v2-json")
 # Our systems' [controller] keys: the policy, and for clockwork-warm the options for CPU
-# executors at tight SLOs (docs/controller.md, "Cold starts" and "Warm-ups"), off by default.
+# executors at tight SLOs (docs/controller.md, "Cold starts" and "Warm-ups"). Since these became
+# the default where every executor is a local ONNX Runtime CPU one (docs/configuration.md),
+# clockwork-warm runs the same settings as clockwork on the default executors.
 CONTROLLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "clockwork": ("clockwork", {}),
     "fifo": ("fifo", {}),
