@@ -248,7 +248,28 @@ def rule_capacity(execute_ns: Mapping[int, int], slo_ms: float) -> dict[str, Any
     }
 
 
+def check_answers(address: str, lengths: tuple[int, ...] = (1, 20, 100, 300, 512)) -> None:
+    """Both models answer each length as ONNX Runtime does on the unpadded request (padding
+    to 32 or to 512 changes nothing). Raises RuntimeError otherwise."""
+    import onnxruntime as ort
+
+    from clockwork_async.client import Client
+
+    session = ort.InferenceSession(text_model(), providers=["CPUExecutionProvider"])
+    inputs = Inputs(0)
+    with Client(address, timeout_s=60.0) as client:
+        for length in lengths:
+            row = inputs.of(length)
+            (expected,) = session.run(None, row)
+            for model in (BUCKETED, ONE_BUCKET):
+                result = client.infer(model, row, slo_ms=1000.0)
+                got = result.outputs.get("pooled") if result.outputs else None
+                if got is None or not np.allclose(got, expected, rtol=1e-4, atol=1e-5):
+                    raise RuntimeError(f"{model} at {length} tokens: {result.status} {got}")
+
+
 def measure(daemon: DaemonProcess, folder: Path, plan: RealPlan, seed: int) -> dict[str, Any]:
+    check_answers(daemon.api)
     found = read_profiles(folder)
     capacity = rule_capacity(found[-1], plan.slo_ms)
     # From here this process is a load generator: on the controller's CPU, below it.
@@ -307,7 +328,7 @@ def print_real(report: Mapping[str, Any]) -> None:
         f"b{capacity['batch']} -> {capacity['rps']} req/s"
     )
     headers = ("load", "req/s", "serving", "requests", "goodput/s", "ok %", "late", "refused")
-    headers += ("dropped", "p50 ms", "p99 ms", "p99 512 ms", "batch", "load 1m")
+    headers += ("dropped", "p50 ms", "p99 ms", "p99 512 ms", "batch", "lag p99", "load 1m")
     rows = []
     for r in report["runs"]:
         latency = r["latency_ms"]
@@ -326,6 +347,7 @@ def print_real(report: Mapping[str, Any]) -> None:
                 latency["p99"],
                 r["by_bucket"][BUCKETS[-1]]["latency_ms"].get("p99"),
                 r["mean_batch"],
+                r["send"]["lag_ms"]["p99"],
                 "-".join(map(str, r["load_average"])),
             )
         )
