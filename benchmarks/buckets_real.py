@@ -301,6 +301,7 @@ def run_real(quick: bool, seed: int) -> dict[str, Any]:
     """Every run on one daemon; writes ``results/buckets-real[-quick].json`` and returns it."""
     plan = QUICK if quick else FULL
     log_copy = RESULTS / f"buckets-real{'-quick' if quick else ''}-daemon.log"
+    machine = machine_description()  # before this process pins itself to one CPU
     with tempfile.TemporaryDirectory(prefix="clockwork-buckets-") as name:
         folder = Path(name)
         print("  starting the daemon (registration profiles 6 variants)", file=sys.stderr)
@@ -310,7 +311,8 @@ def run_real(quick: bool, seed: int) -> dict[str, Any]:
         finally:
             keep_log(folder / "daemon.log", log_copy)
     report = {
-        "machine": machine_description(),
+        "machine": machine,
+        "load_average_after": load_average(),
         "plan": asdict(plan),
         "seed": seed,
         "model": {"vocab": VOCAB, "hidden": HIDDEN, "layers": LAYERS, "buckets": BUCKETS},
