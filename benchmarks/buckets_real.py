@@ -4,8 +4,8 @@ a real daemon, served by buckets against the same model forced to one bucket (51
 The model (generated here, seeded): ``ids`` int64 [batch, tokens] and ``mask`` float32
 [batch, tokens] -> ``pooled`` float32 [batch, 256]: an embedding (1000 x 256), four
 MatMul + Relu layers of 256 x 256 over every token, and the mean over the tokens the mask
-keeps. Its cost grows with the length (one intra-op thread: about 0.2 ms at 32 tokens, several
-ms at 512, batch 1) and zero padding (ids 0, mask 0) changes no answer, so it declares
+keeps. Its cost grows with the length (one intra-op thread, batch 1: about 0.4 ms at 32 tokens,
+3-4 ms at 512) and zero padding (ids 0, mask 0) changes no answer, so it declares
 ``pad = true``. The daemon serves it twice from one repository: ``text`` with the buckets
 32, 64, 128, 256, 512 and ``text512`` with the one bucket 512 (every request padded to 512).
 
