@@ -274,7 +274,7 @@ def measure(daemon: DaemonProcess, folder: Path, plan: RealPlan, seed: int) -> d
     capacity = rule_capacity(found[-1], plan.slo_ms)
     # From here this process is a load generator: on the controller's CPU, below it.
     os.sched_setaffinity(0, generator_cpus())
-    os.nice(GENERATOR_NICE)
+    os.nice(max(0, GENERATOR_NICE - os.nice(0)))  # once, however many seeds
     runs = []
     for load in plan.loads:
         rate = load * capacity["rps"]
