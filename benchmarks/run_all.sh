@@ -55,6 +55,7 @@ run idle_gap benchmarks.idle_gap $mode
 run sim_scenarios benchmarks.sim_scenarios $mode --out results
 run sched_bound benchmarks.sched_bound $mode --seeds 1,2
 run buckets benchmarks.buckets $mode --seeds 1,2
+run buckets_real benchmarks.buckets --real $mode
 if [[ -f benchmarks/controller.py ]]; then
     run controller benchmarks.controller $mode
 fi
