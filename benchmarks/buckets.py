@@ -4,6 +4,11 @@ core variant per bucket) against the same workload forced to one bucket (every r
 to 512 tokens: the one-length model of before).
 
     python -m benchmarks.buckets [--quick] [--seeds 1,2]
+    python -m benchmarks.buckets --real [--quick] [--seeds 1]
+
+``--real`` runs the real-time part instead (`benchmarks.buckets_real`): one ONNX Runtime
+sequence model on a real daemon, served by buckets against the same model forced to one
+bucket, with the same open-loop arrivals and lengths (quick: about two minutes).
 
 Simulated profile, per (batch size, bucket): 0.5 ms + 20 us per row and 32 tokens (b1 at 32
 tokens 0.52 ms; b16 at 512 tokens 5.62 ms); LOAD 10 ms. One executor with every variant
@@ -161,11 +166,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 s per run instead of 10 s")
     parser.add_argument("--seeds", default="1", help="comma-separated seeds")
+    parser.add_argument(
+        "--real", action="store_true", help="a real daemon and ONNX Runtime model instead"
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.real:
+        from benchmarks.buckets_real import print_real, run_real
+
+        for seed in (int(s) for s in args.seeds.split(",")):
+            print_real(run_real(args.quick, seed))
+        return
     duration_s = 2.0 if args.quick else 10.0
     results: list[dict[str, Any]] = []
     for seed in (int(s) for s in args.seeds.split(",")):

@@ -1,7 +1,8 @@
-"""Fuzzing the client API of the real daemon while a well-behaved client measures its latency.
+"""Fuzzing the client API and the Open Inference Protocol front ends (HTTP, gRPC) of the real
+daemon while well-behaved clients measure their latency.
 
     python -m benchmarks.fuzz_api [--quick] [--frames N] [--connections K] [--seed S]
-        [--json OUT]
+        [--v2-requests M] [--json OUT]
 
 The daemon (``clockwork-async serve``, temporary config) serves ``tiny`` on one simulated
 executor (the ``tiny-sim`` profile, 0.5-2 ms). A separate fuzzer process (this module with
@@ -17,15 +18,26 @@ otherwise it half-closes at once (the daemon answers what it has in flight, then
 connection still open 30 s after the half-close counts as ``hung``. Frames come
 from a seeded `random.Random`, so a run can be repeated.
 
-Meanwhile the well-behaved client (this process, its own connection) sends one infer at a
-time, 10 ms apart, before the fuzzer starts, while it runs and after it ends.
+The same fuzzer process fuzzes the v2 front ends at the same time (`benchmarks.fuzz_v2`): about
+``M`` HTTP requests (default 30,000, about as long as 10^6 frames take; quick 2,000) over 4
+connections at a time (odd infers answered on kept connections, then malformed JSON, binary
+lengths that disagree, oversized and bad bodies and heads, random bytes, cut requests) and
+about ``M`` gRPC calls and raw connections over 2 workers (odd and mangled ``ModelInfer``
+messages, random bytes as messages, unknown methods, a message over the size limit now and
+then; random bytes and broken HTTP/2 prefaces to the gRPC port). ``--v2-requests 0`` fuzzes
+the msgpack API alone.
+
+Meanwhile the well-behaved clients (this process: the msgpack client on its own connection,
+``tritonclient`` over HTTP and gRPC) each send one infer at a time, 10 ms apart, before the
+fuzzer starts, while it runs and after it ends.
 
 Reported: crashes (goal 0: the daemon process still alive, ``health`` live and ready, no
-executor restarted), frames sent and their rate, connections, errors the daemon sent by code,
-connections closed by the server with an error, hung connections, the well-behaved client's
-statuses and p50/p99 before / during / after, and the daemon's RSS (start, peak, end, and
-every 5 s with its open descriptors). Writes ``results/fuzz_api.json``; the fuzzer prints
-its progress every 50,000 frames.
+executor restarted, and each v2 client served after the fuzzing), frames sent and their rate,
+connections, errors the daemon sent by code, connections closed by the server with an error,
+hung connections, the v2 fuzzers' counts by status, the well-behaved clients' statuses and
+p50/p99 before / during / after, and the daemon's RSS (start, peak, end, and every 5 s with its
+open descriptors). Writes ``results/fuzz_api.json``; the fuzzer prints its progress every
+50,000 frames.
 """
 
 from __future__ import annotations
@@ -48,6 +60,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from benchmarks.fuzz_v2 import fuzz_grpc, fuzz_http, v2_clients
 from benchmarks.lib import (
     RESULTS,
     keep_log,
@@ -60,6 +73,7 @@ from benchmarks.lib import (
 )
 from benchmarks.overload import ProcSampler, start_daemon
 from clockwork_async.client import AsyncClient, ClientError
+from clockwork_async.testing import DaemonProcess
 
 PREFIX = struct.Struct(">II")
 PROGRESS_FRAMES = 50_000  # the fuzzer reports on stderr every this many frames
@@ -324,6 +338,17 @@ async def fuzz(address: str, total_frames: int, connections: int, seed: int) -> 
     }
 
 
+async def fuzz_all(args: argparse.Namespace) -> dict[str, Any]:
+    """The fuzzer process's work: the msgpack API, and the v2 front ends at the same time."""
+    work = {"msgpack": fuzz(args.fuzzer, args.frames, args.connections, args.seed)}
+    if args.v2_requests and args.fuzz_http and args.fuzz_http != "off":
+        work["http"] = fuzz_http(args.fuzz_http, args.v2_requests, 4, args.seed)
+    if args.v2_requests and args.fuzz_grpc and args.fuzz_grpc != "off":
+        work["grpc"] = fuzz_grpc(args.fuzz_grpc, args.v2_requests, 2, args.seed)
+    results = await asyncio.gather(*work.values())
+    return dict(zip(work, results, strict=True))
+
+
 # --- the well-behaved client and the run ---------------------------------------------------------
 
 
@@ -345,21 +370,29 @@ async def good_client(
 
 
 async def timed_phase(
-    client: AsyncClient, seconds: float | None, work: Any = None
-) -> tuple[list[tuple[str, int]], Any]:
-    """The good client's log while ``seconds`` pass or ``work`` (an awaitable) finishes."""
-    log: list[tuple[str, int]] = []
+    client: AsyncClient, seconds: float | None, work: Any = None, v2: dict[str, Any] | None = None
+) -> tuple[dict[str, list[tuple[str, int]]], Any]:
+    """The good clients' logs (``msgpack`` and each of ``v2``'s calls) while ``seconds``
+    pass or ``work`` (an awaitable) finishes."""
+    logs: dict[str, list[tuple[str, int]]] = {"msgpack": []}
     until = asyncio.Event()
-    measuring = asyncio.create_task(good_client(client, until, log))
+    measuring = [asyncio.create_task(good_client(client, until, logs["msgpack"]))]
+    for name, call in (v2 or {}).items():
+        logs[name] = []
+        measuring.append(asyncio.create_task(good_loop(call, until, logs[name])))
     result = await (work if work is not None else asyncio.sleep(seconds or 0))
     until.set()
-    await measuring
-    return log, result
+    await asyncio.gather(*measuring)
+    return logs, result
 
 
-async def run_fuzzer_process(address: str, frames: int, connections: int, seed: int) -> Any:
+async def run_fuzzer_process(
+    address: str, frames: int, connections: int, seed: int, v2: tuple[str, str, int]
+) -> Any:
+    """The fuzzer process: ``v2`` = (HTTP address, gRPC address, requests to each)."""
     argv = ["-m", "benchmarks.fuzz_api", "--fuzzer", address, "--frames", str(frames)]
     argv += ["--connections", str(connections), "--seed", str(seed)]
+    argv += ["--fuzz-http", v2[0], "--fuzz-grpc", v2[1], "--v2-requests", str(v2[2])]
     process = await asyncio.create_subprocess_exec(
         sys.executable, *argv, stdout=asyncio.subprocess.PIPE
     )
@@ -367,6 +400,20 @@ async def run_fuzzer_process(address: str, frames: int, connections: int, seed: 
     if process.returncode != 0:
         raise RuntimeError(f"the fuzzer failed with status {process.returncode}")
     return json.loads(out)
+
+
+async def good_loop(
+    call: Callable[[], Any], until: asyncio.Event, log: list[tuple[str, int]]
+) -> None:
+    """`good_client` for a v2 client: ``call()`` returns a status."""
+    while not until.is_set():
+        start = time.perf_counter_ns()
+        try:
+            status = await call()
+        except Exception as error:  # the client's own failure (a reset, say) is a status too
+            status = f"exception:{type(error).__name__}"
+        log.append((status, time.perf_counter_ns() - start))
+        await asyncio.sleep(GOOD_PERIOD_S)
 
 
 def good_summary(log: list[tuple[str, int]]) -> dict[str, Any]:
@@ -377,25 +424,36 @@ def good_summary(log: list[tuple[str, int]]) -> dict[str, Any]:
     }
 
 
-async def session(address: str, args: argparse.Namespace, pid: int) -> dict[str, Any]:
-    sampler = ProcSampler(pid, 0.25)
+async def session(daemon: DaemonProcess, args: argparse.Namespace) -> dict[str, Any]:
+    address = daemon.api
+    sampler = ProcSampler(daemon.pid, 0.25)
     sampling = asyncio.create_task(sampler.run())
+    v2, close_v2 = await v2_clients(daemon.http, daemon.grpc) if args.v2_requests else ({}, None)
     try:
         async with await AsyncClient.connect(address) as client:
-            before, _ = await timed_phase(client, args.before_s)
-            fuzzing = run_fuzzer_process(address, args.frames, args.connections, args.seed)
-            during, fuzzed = await timed_phase(client, None, fuzzing)
-            after, _ = await timed_phase(client, args.after_s)
+            before, _ = await timed_phase(client, args.before_s, v2=v2)
+            fuzzing = run_fuzzer_process(
+                address,
+                args.frames,
+                args.connections,
+                args.seed,
+                (daemon.http, daemon.grpc, args.v2_requests),
+            )
+            during, fuzzed = await timed_phase(client, None, fuzzing, v2)
+            after, _ = await timed_phase(client, args.after_s, v2=v2)
         async with await AsyncClient.connect(address) as checker:
             health, stats = await checker.health(), await checker.stats()
     finally:
         sampling.cancel()
+        if close_v2 is not None:
+            await close_v2()
+    phases = {"before": before, "during": during, "after": after}
     return {
-        "fuzzer": fuzzed,
-        "good_client": {
-            "before": good_summary(before),
-            "during": good_summary(during),
-            "after": good_summary(after),
+        "fuzzer": fuzzed["msgpack"],
+        "fuzzer_v2": {k: v for k, v in fuzzed.items() if k != "msgpack"},
+        "good_client": {phase: good_summary(logs["msgpack"]) for phase, logs in phases.items()},
+        "good_client_v2": {
+            name: {phase: good_summary(logs[name]) for phase, logs in phases.items()} for name in v2
         },
         "health": {"live": health.live, "ready": health.ready, "reason": health.reason},
         "executor_restarts": sum(e["restarts"] for e in stats["executors"]),
@@ -417,12 +475,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="clockwork-fuzz-api-") as name:
         folder = Path(name)
         with start_daemon(folder, 1.0) as daemon:
-            result = run_uvloop(session(daemon.api, args, daemon.pid))
+            result = run_uvloop(session(daemon, args))
             result["daemon_alive"] = daemon.process.poll() is None
         keep_log(folder / "daemon.log", RESULTS / "fuzz_api-daemon.log")
     health = result["health"]
     crashed = not (result["daemon_alive"] and health["live"] and health["ready"])
-    result["crashes"] = int(crashed) + result["executor_restarts"]
+    unserved = [
+        name
+        for name, phases in result["good_client_v2"].items()
+        if not phases["after"]["statuses"].get("ok")
+    ]
+    result["v2_clients_unserved_after"] = unserved
+    result["crashes"] = int(crashed) + result["executor_restarts"] + len(unserved)
     return result
 
 
@@ -440,6 +504,17 @@ def print_report(result: dict[str, Any]) -> None:
         rows.append([phase, latency.get("n"), latency.get("p50_us"), latency.get("p99_us")])
         rows[-1].append(", ".join(f"{k} {v}" for k, v in summary["statuses"].items()))
     print(table(["good client", "n", "p50 µs", "p99 µs", "statuses"], rows))
+    for name, fuzzed in result["fuzzer_v2"].items():
+        print(f"{name} fuzzer: {fuzzed}")
+    rows = []
+    for name, phases in result["good_client_v2"].items():
+        for phase, summary in phases.items():
+            latency = summary["latency"]
+            rows.append([f"{name} {phase}", latency.get("n"), latency.get("p50_us")])
+            rows[-1] += [latency.get("p99_us")]
+            rows[-1].append(", ".join(f"{k} {v}" for k, v in summary["statuses"].items()))
+    if rows:
+        print(table(["v2 good client", "n", "p50 µs", "p99 µs", "statuses"], rows))
     rss = result["daemon_rss_mib"]
     print(f"daemon RSS {rss['start']:.1f} -> peak {rss['peak']:.1f} -> {rss['end']:.1f} MiB")
 
@@ -452,7 +527,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--connections", type=int, default=8, help="concurrent fuzz connections")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=RESULTS / "fuzz_api.json")
+    parser.add_argument(
+        "--v2-requests",
+        type=int,
+        help="HTTP requests and gRPC calls to fuzz each v2 front end with (default 30,000; "
+        "quick 2,000; 0: the msgpack API alone)",
+    )
     parser.add_argument("--fuzzer", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--fuzz-http", metavar="ADDRESS", help=argparse.SUPPRESS)
+    parser.add_argument("--fuzz-grpc", metavar="ADDRESS", help=argparse.SUPPRESS)
     return parser
 
 
@@ -460,8 +543,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.frames is None:
         args.frames = 10_000 if args.quick else 1_000_000
+    if args.v2_requests is None:
+        args.v2_requests = 2_000 if args.quick else 30_000
     if args.fuzzer:  # the fuzzer process: JSON counts on stdout
-        print(json.dumps(run_uvloop(fuzz(args.fuzzer, args.frames, args.connections, args.seed))))
+        print(json.dumps(run_uvloop(fuzz_all(args))))
         return 0
     args.before_s, args.after_s = (5.0, 3.0) if args.quick else (20.0, 10.0)
     result: dict[str, Any] = {

@@ -1,15 +1,25 @@
-"""An open-loop HTTP load generator for the peers of `benchmarks.peer_ray`, run as a process of
-its own. It stays apart from ``clockwork-async bench`` (the one generator of every other
-benchmark) because it speaks another protocol: Ray Serve's HTTP/1.1 proxy, raw float32 bodies
-with Ray's per-request timeout header, not the daemon's client API; it shares bench's arrival
-schedule (`arrival_schedule`) and the library's statistics.
+"""An open-loop HTTP load generator for the peers of `benchmarks.peer_ray` and
+`benchmarks.peer_mlserver`, run as a process of its own. It stays apart from
+``clockwork-async bench`` (the one generator of every other benchmark) because it speaks HTTP,
+not the daemon's client API: to Ray Serve's proxy, to MLServer, and to our daemon's Open
+Inference Protocol front end alike; it shares bench's arrival schedule (`arrival_schedule`)
+and the library's statistics.
 
     python -m benchmarks.http_loadgen --port P --model M.onnx --rate R --duration-s D
         --slo-ms S --seed K --out FILE.json [--host H] [--path /] [--max-connections N]
+        [--protocol raw|v2-binary|v2-json]
 
-Each request POSTs the model's one input row as raw float32 bytes
-(``application/octet-stream``) with the header ``x-request-timeout-seconds: SLO`` (Ray Serve's
-per-request end-to-end timeout) over HTTP/1.1 keep-alive connections.
+Each request POSTs the model's one input row over HTTP/1.1 keep-alive connections, with the
+header ``x-request-timeout-seconds: SLO`` (Ray Serve's per-request end-to-end timeout; other
+servers ignore it), as (``--protocol``, `request_body`):
+- ``raw`` (the default): the row's float32 bytes (``application/octet-stream``), raw back;
+- ``v2-binary``: an Open Inference Protocol (KServe v2) infer request with the binary tensor
+  data extension, as ``tritonclient`` sends large tensors: a JSON header
+  (``Inference-Header-Content-Length`` bytes), then the row's bytes; outputs asked binary;
+- ``v2-json``: the same request with the row as a flat JSON ``data`` list, JSON back.
+Both v2 forms carry the SLO as Triton's ``timeout`` request parameter (µs), which our daemon
+takes as the request's SLO; a server without SLOs ignores it. The same bytes go to every
+server of a comparison: one body per run, built once.
 
 Invariants:
 - Same arrivals as ``clockwork-async bench``: `arrival_schedule` draws them exactly as the
@@ -40,6 +50,8 @@ import collections
 import contextlib
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -52,6 +64,9 @@ from benchmarks.lib import percentiles_ms
 
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
+PROTOCOLS = ("raw", "v2-binary", "v2-json")
+# numpy dtype -> the Open Inference Protocol's datatype (the ones a demo model's input has)
+V2_DATATYPES = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32"}
 ABANDON_EXTRA_S = 0.05
 YIELD_EVERY = 64  # sends in a row (when behind schedule) before letting replies in
 HEADER_END = b"\r\n\r\n"
@@ -216,15 +231,44 @@ class Pool:
 # --- the load ------------------------------------------------------------------------------------
 
 
-def request_bytes(host: str, port: int, path: str, body: bytes, slo_ms: float) -> bytes:
-    """One POST of ``body`` with the per-request timeout header set to the SLO."""
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        "Content-Type: application/octet-stream\r\n"
-        f"Content-Length: {len(body)}\r\n"
-        f"x-request-timeout-seconds: {slo_ms / 1000:.6f}\r\n\r\n"
-    )
-    return head.encode("ascii") + body
+def request_body(
+    protocol: str, name: str, row: np.ndarray, slo_ms: float
+) -> tuple[bytes, dict[str, str]]:
+    """The body of one request carrying input ``name`` = ``row`` (see the module doc), and its
+    headers beyond the length."""
+    if protocol == "raw":
+        return row.tobytes(), {"Content-Type": "application/octet-stream"}
+    tensor: dict[str, Any] = {
+        "name": name,
+        "shape": list(row.shape),
+        "datatype": V2_DATATYPES[str(row.dtype)],
+    }
+    parameters: dict[str, Any] = {"timeout": max(1, round(slo_ms * 1000))}
+    if protocol == "v2-json":
+        tensor["data"] = row.ravel().tolist()
+        request = {"parameters": parameters, "inputs": [tensor]}
+        return json.dumps(request).encode(), {"Content-Type": "application/json"}
+    if protocol != "v2-binary":
+        raise ValueError(f"protocol must be one of {PROTOCOLS}, not {protocol!r}")
+    tensor["parameters"] = {"binary_data_size": row.nbytes}
+    parameters["binary_data_output"] = True
+    header = json.dumps({"parameters": parameters, "inputs": [tensor]}).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return header + row.tobytes(), headers
+
+
+def request_bytes(
+    host: str, port: int, path: str, body: bytes, slo_ms: float, headers: Mapping[str, str]
+) -> bytes:
+    """One POST of ``body`` with ``headers`` and the per-request timeout header set to the
+    SLO."""
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}"]
+    lines += [f"{key}: {value}" for key, value in headers.items()]
+    lines += [f"Content-Length: {len(body)}", f"x-request-timeout-seconds: {slo_ms / 1000:.6f}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + body
 
 
 class HttpLoad:
@@ -337,8 +381,9 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
     offsets_ns, inputs = arrival_schedule(
         args.seed, args.rate, args.duration_s, model_input_specs(onnx_bytes)
     )
-    (row,) = inputs.values()
-    request = request_bytes(args.host, args.port, args.path, row.tobytes(), args.slo_ms)
+    ((name, row),) = inputs.items()
+    body, headers = request_body(args.protocol, name, row, args.slo_ms)
+    request = request_bytes(args.host, args.port, args.path, body, args.slo_ms, headers)
     pool = Pool(args.host, args.port, args.max_connections)
     warm = warm_connections(args.rate, args.slo_ms, args.max_connections)
     await pool.warm(warm)
@@ -351,12 +396,54 @@ async def run_load(args: argparse.Namespace) -> dict[str, Any]:
         "duration_s": args.duration_s,
         "slo_ms": args.slo_ms,
         "seed": args.seed,
+        "protocol": args.protocol,
+        "path": args.path,
+        "request_bytes": len(request),
         "warm_connections": warm,
         "max_connections": args.max_connections,
         "max_lag_s": args.max_lag_s,
         "wall_s": round(wall_s, 3),
         "rows": load.columns,
     }
+
+
+# --- the generator as a process (the caller's side) ----------------------------------------------
+
+
+def run_process(
+    port: int,
+    model: Path,
+    rate_rps: float,
+    duration_s: float,
+    slo_ms: float,
+    seed: int,
+    out: Path,
+    *,
+    cpus: set[int],
+    nice: int,
+    path: str = "/",
+    protocol: str = "raw",
+    max_lag_s: float = 1.0,
+) -> dict[str, Any]:
+    """One run of this generator as a process pinned to ``cpus`` at ``nice``, against
+    ``127.0.0.1:port``; returns its JSON (rows and settings). Raises RuntimeError if it wrote
+    nothing."""
+    argv = [sys.executable, "-m", "benchmarks.http_loadgen", "--port", str(port)]
+    argv += ["--model", str(model), "--rate", f"{rate_rps:.3f}", "--duration-s", str(duration_s)]
+    argv += ["--slo-ms", str(slo_ms), "--seed", str(seed), "--out", str(out)]
+    argv += ["--max-lag-s", str(max_lag_s), "--path", path, "--protocol", protocol]
+
+    def pin() -> None:  # in the child, before exec
+        os.sched_setaffinity(0, cpus)
+        os.nice(nice)
+
+    done = subprocess.run(
+        argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, preexec_fn=pin
+    )
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"http_loadgen failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
 
 
 # --- summaries -----------------------------------------------------------------------------------
@@ -396,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--path", default="/")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="raw", help="the body's form")
     parser.add_argument("--model", type=Path, required=True, help="the served ONNX file")
     parser.add_argument("--rate", type=float, required=True, help="Poisson requests/s")
     parser.add_argument("--duration-s", type=float, required=True)

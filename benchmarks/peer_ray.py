@@ -1,7 +1,8 @@
 """Issue 5's peer comparison: our daemon against Ray Serve, and against our own ``fifo`` and
 ``timeout`` policies, side by side in one run: same model, same machine, same arrivals.
 
-    python -m benchmarks.peer_ray [--quick] [--skip-ray] [--json OUT]
+    python -m benchmarks.peer_ray [--quick] [--skip-ray] [--http-protocol v2-binary|v2-json]
+        [--json OUT]
 
 Model: the ``resnet-like`` demo model (`clockwork_async.models.demo`, 19.7 MB, conv-bound),
 written once to a temporary folder; both servers load those bytes. Batching matters for it
@@ -14,13 +15,21 @@ Systems, each under open-loop Poisson load from a separate process:
   ``clockwork-async bench`` pinned to CPU 0 at nice 10 (`cpu_serving.bench`).
   ``clockwork-warm``: the ``clockwork`` policy with the cold-start options for CPU executors
   on (``warm_gap_ns`` 2 ms, ``warm_up_infers`` 2; `CONTROLLERS`).
+- ``clockwork-v2http``: the ``clockwork`` daemon driven through its Open Inference Protocol
+  (KServe v2) HTTP front end by the same HTTP client and the same request bytes as
+  ``ray-http`` (`benchmarks.http_loadgen`, CPU 0, nice 10, ``--http-protocol``: by default
+  the binary tensor data extension, as tritonclient sends large tensors); the SLO rides in
+  Triton's ``timeout`` request parameter. ``ok`` = an HTTP 200 (our front end answers 504 for
+  ``infeasible``/``dropped`` and 429 for ``overloaded``).
 - ``ray-http``, ``ray-handle``: Ray Serve (`benchmarks.ray_app`, in ``.bench-venv/ray``), one
   replica with one ONNX Runtime session (one intra-op thread) behind ``@serve.batch``, every
   replica thread pinned to CPU 1; Ray's own processes (GCS, raylet, Serve controller, HTTP
-  proxy) on CPU 0 at nice 0. Requests time out at the SLO (``x-request-timeout-seconds`` per
-  request over HTTP, Serve's per-request form of ``request_timeout_s``; a cancel at the
-  deadline on the handle). Load: `benchmarks.http_loadgen` (CPU 0, nice 10) over HTTP, or the
-  app process itself (CPU 0, reniced to 10) through a deployment handle.
+  proxy) on CPU 0 at nice 0. Over HTTP the replica reads and answers the same Open Inference
+  Protocol request as ``clockwork-v2http`` (`ray_app.v2_row`). Requests time out at the SLO
+  (``x-request-timeout-seconds`` per request over HTTP, Serve's per-request form of
+  ``request_timeout_s``; a cancel at the deadline on the handle). Load:
+  `benchmarks.http_loadgen` (CPU 0, nice 10) over HTTP, or the app process itself (CPU 0,
+  reniced to 10) through a deployment handle.
 All load generators share CPU 0 with the controller (ours) or the proxy (Ray): 2 cores only.
 
 Arrivals: every system gets the same schedule at a point: bench's generator with the point's
@@ -51,18 +60,20 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import ray_side
+from benchmarks import http_loadgen, ray_side
 from benchmarks.cpu_serving import MODEL, bench, rule_capacity
 from benchmarks.http_loadgen import model_input_specs, summarize_rows
 from benchmarks.lib import (
+    GENERATOR_NICE,
     RESULTS,
     DaemonProcess,
     ModelFolder,
     demo_model_bytes,
+    generator_cpus,
     keep_log,
     load_average,
     machine_description,
@@ -74,14 +85,19 @@ from benchmarks.peer_report import goals, markdown, print_tables, write_plot
 
 CAPACITY_SLO_MS = 100.0
 SATURATION_FACTOR = 1.5
-OURS = ("clockwork", "fifo", "timeout", "clockwork-warm")
+OURS = ("clockwork", "fifo", "timeout", "clockwork-warm", "clockwork-v2http")
+OURS_HTTP = ("clockwork-v2http",)  # driven over HTTP by http_loadgen, not by bench
+HTTP_PROTOCOLS = ("v2-binary", "v2-json")
 # Our systems' [controller] keys: the policy, and for clockwork-warm the options for CPU
-# executors at tight SLOs (docs/controller.md, "Cold starts" and "Warm-ups"), off by default.
+# executors at tight SLOs (docs/controller.md, "Cold starts" and "Warm-ups"). Since these became
+# the default where every executor is a local ONNX Runtime CPU one (docs/configuration.md),
+# clockwork-warm runs the same settings as clockwork on the default executors.
 CONTROLLERS: dict[str, tuple[str, dict[str, Any]]] = {
     "clockwork": ("clockwork", {}),
     "fifo": ("fifo", {}),
     "timeout": ("timeout", {}),
     "clockwork-warm": ("clockwork", {"warm_gap_ns": 2_000_000, "warm_up_infers": 2}),
+    "clockwork-v2http": ("clockwork", {}),
 }
 RAY = ("ray-http", "ray-handle")
 TUNE_RATE_RPS = 150.0
@@ -107,6 +123,7 @@ class Plan:
     loads: tuple[float, ...] = (0.5, 0.9, 1.5, 2.0)
     slo_multiples: tuple[float, ...] = (2.0, 3.0, 5.0, 10.0)
     light_rates_rps: tuple[float, ...] = (50.0, 100.0)
+    http_protocol: str = "v2-binary"  # of ray-http and clockwork-v2http (http_loadgen's)
 
 
 QUICK = Plan(point_s=3.0, saturation_s=4.0, tune_s=2.0, tune_candidates=3, cross=False)
@@ -205,6 +222,7 @@ def run_ours(
     model: dict[str, ModelFolder],
     log_copy: Path,
     point_list: list[Point] | None,
+    model_path: Path | None = None,
 ) -> dict[str, Any]:
     """One daemon of ``system`` (`CONTROLLERS`) over ``point_list``. Without points (the first
     daemon) it measures the capacity first and makes them: they are in the result's
@@ -217,7 +235,14 @@ def run_ours(
             if point_list is None:
                 setup = _setup(folder, daemon, plan, registration_profile(folder))
                 point_list = setup["points"]
-            rows = [_one_ours(folder, daemon, system, point, plan) for point in point_list]
+            if system in OURS_HTTP:
+                assert model_path is not None
+                rows = [
+                    _one_ours_http(folder, daemon, system, point, plan, model_path)
+                    for point in point_list
+                ]
+            else:
+                rows = [_one_ours(folder, daemon, system, point, plan) for point in point_list]
     finally:
         keep_log(folder / "daemon.log", log_copy)
     keys = {"policy": policy, **controller}
@@ -259,14 +284,39 @@ def _setup(
 def _one_ours(
     folder: Path, daemon: DaemonProcess, system: str, point: Point, plan: Plan
 ) -> dict[str, Any]:
-    _progress(system, point, plan)
+    progress(system, point, plan)
     before = load_average()[0]
     out = folder / f"{system}-{point.seed}.json"
     summary = bench(daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed)
     return our_row(point, system, summary) | {"load_average": [before, load_average()[0]]}
 
 
-def _progress(system: str, point: Point, plan: Plan) -> None:
+def _one_ours_http(
+    folder: Path, daemon: DaemonProcess, system: str, point: Point, plan: Plan, model_path: Path
+) -> dict[str, Any]:
+    """One point through the daemon's v2 HTTP front end, by `http_loadgen` as ``ray-http``."""
+    progress(system, point, plan)
+    before = load_average()[0]
+    port = int(daemon.http.rpartition(":")[2])
+    result = http_loadgen.run_process(
+        port,
+        model_path,
+        point.rate_rps,
+        plan.point_s,
+        point.slo_ms,
+        point.seed,
+        folder / f"{system}-{point.seed}.json",
+        cpus=generator_cpus(),
+        nice=GENERATOR_NICE,
+        path=f"/v2/models/{MODEL}/infer",
+        protocol=plan.http_protocol,
+        max_lag_s=ray_side.MAX_LAG_S,
+    )
+    row = http_row(point, system, result, plan.point_s)
+    return row | {"load_average": [before, load_average()[0]]}
+
+
+def progress(system: str, point: Point, plan: Plan) -> None:
     print(
         f"  {time.strftime('%H:%M:%S')} {system}: {point.label} ({point.rate_rps:.0f} req/s, "
         f"SLO {point.slo_ms:g} ms) "
@@ -279,9 +329,12 @@ def _progress(system: str, point: Point, plan: Plan) -> None:
 # --- Ray Serve -----------------------------------------------------------------------------------
 
 
-def ray_row(point: Point, system: str, result: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """Rows of one Ray run as a table row: ``ok`` = an HTTP 200 (Ray's proxy answers 408 once
-    the request timeout = SLO passes) or a handle result before the cancel at the SLO;
+def http_row(
+    point: Point, system: str, result: dict[str, Any], duration_s: float
+) -> dict[str, Any]:
+    """Rows of one `http_loadgen` (or Ray handle) run as a table row: ``ok`` = an HTTP 200
+    (Ray's proxy answers 408 once the request timeout = SLO passes; our v2 front end 504 or
+    429 for a refusal) or a handle result before the cancel at the SLO;
     ``ok_after_slo_client`` = those the client received after the SLO."""
     summary = summarize_rows(result["rows"], duration_s)
     return {
@@ -355,9 +408,17 @@ def _tune(
         print(f"  ray tuning: {config}", file=sys.stderr, flush=True)
         out = folder / f"tune-{len(tried)}.json"
         result = ray_side.http_run(
-            app, model, point.rate_rps, plan.tune_s, point.slo_ms, point.seed, out, load_cpus
+            app,
+            model,
+            point.rate_rps,
+            plan.tune_s,
+            point.slo_ms,
+            point.seed,
+            out,
+            load_cpus,
+            plan.http_protocol,
         )
-        row = ray_row(point, "ray-http", result, plan.tune_s)
+        row = http_row(point, "ray-http", result, plan.tune_s)
         row["replica"] = app.command({"cmd": "stats"})["stats"]
         tried.append({"config": config, "row": row})
         time.sleep(SETTLE_S)
@@ -385,7 +446,7 @@ def _ray_points(
     load_cpus = {min(os.sched_getaffinity(0))}
     for point in point_list:
         for system in RAY:
-            _progress(system, point, plan)
+            progress(system, point, plan)
             before = load_average()[0]
             out = folder / f"{system}-{point.seed}.json"
             if system == "ray-http":
@@ -398,12 +459,13 @@ def _ray_points(
                     point.seed,
                     out,
                     load_cpus,
+                    plan.http_protocol,
                 )
             else:
                 result = ray_side.handle_run(
                     app, specs, point.rate_rps, plan.point_s, point.slo_ms, point.seed, out
                 )
-            row = ray_row(point, system, result, plan.point_s)
+            row = http_row(point, system, result, plan.point_s)
             row["replica"] = app.command({"cmd": "stats"})["stats"]
             row["load_average"] = [before, load_average()[0]]
             rows[system].append(row)
@@ -436,7 +498,9 @@ def run(plan: Plan, skip_ray: bool, stem: Path) -> dict[str, Any]:
         point_list = setup.pop("points")
         systems: dict[str, Any] = {OURS[0]: first}
         for system in OURS[1:]:
-            systems[system] = run_ours(folder, system, plan, model, log_of[system], point_list)
+            systems[system] = run_ours(
+                folder, system, plan, model, log_of[system], point_list, model_path
+            )
         phases_s = {"ours": round(time.monotonic() - started, 1)}
         if skip_ray:
             ray: dict[str, Any] = {"not_run": "--skip-ray"}
@@ -464,13 +528,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="the quick subset, 3 s a point")
     parser.add_argument("--skip-ray", action="store_true", help="our daemons only")
+    parser.add_argument(
+        "--http-protocol",
+        choices=HTTP_PROTOCOLS,
+        default=FULL.http_protocol,
+        help="the Open Inference Protocol body of ray-http and clockwork-v2http",
+    )
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    plan = QUICK if args.quick else FULL
+    plan = replace(QUICK if args.quick else FULL, http_protocol=args.http_protocol)
     path = args.json or RESULTS / f"peer_ray{'-quick' if args.quick else ''}.json"
     started = time.monotonic()
     result = {

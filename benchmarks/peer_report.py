@@ -9,7 +9,10 @@ every system); latency percentiles over every ``ok``; ``ok after SLO`` = ok minu
 
 Ratios are ``ours / this system`` at the same point (same SLO, same arrivals), ``ours`` being
 the ``clockwork`` policy: in-SLO ratios above 1 and p50 ratios below 1 favour ours. A ratio
-against 0 is written ``inf``; without a value on either side, ``-``.
+against 0 is written ``inf``; without a value on either side, ``-``. The goals also compare
+``clockwork-v2http`` (the same daemon through its Open Inference Protocol HTTP front end)
+with ``ray-http`` (the same HTTP client and request bytes) at the light fixed rates: p50
+``p50_http_light_rates``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from benchmarks.lib import pyplot, save, table
 
 OURS = "clockwork"
+OURS_HTTP = "clockwork-v2http"  # our daemon through its v2 HTTP front end
 RAY = ("ray-http", "ray-handle")
 GOAL_CAPACITY_SHARE = 0.95
 GOAL_GOODPUT_RATIO = 5.0
@@ -66,8 +70,12 @@ def ratios(ours: dict[str, Any], row: dict[str, Any]) -> dict[str, Any]:
 def goals(result: dict[str, Any]) -> dict[str, Any]:
     """The issue's goals, checked point by point."""
     b1_ms = result["b1_ms"]
-    overload, p50s, after = [], [], []
+    overload, p50s, after, http_p50s = [], [], [], []
     for label, systems in by_point(result).items():
+        http, ray_http = systems.get(OURS_HTTP), systems.get("ray-http")
+        if http is not None and ray_http is not None and http["load"] is None:
+            value = ratio(http["latency_ms"]["p50"], ray_http["latency_ms"]["p50"])
+            http_p50s.append({"point": label, "ours_http_over_ray_http": value})
         ours = systems.get(OURS)
         if ours is None:
             continue
@@ -87,6 +95,14 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
             for p in p50s
         )
         if p50s
+        else None,
+        "p50_http_light_rates": http_p50s,
+        "p50_http_met": all(
+            isinstance(p["ours_http_over_ray_http"], float)
+            and p["ours_http_over_ray_http"] <= GOAL_P50_RATIO
+            for p in http_p50s
+        )
+        if http_p50s
         else None,
         "ours_ok_after_slo_client": sum(after),
         "ours_marked_late": sum(r["marked_late"] for r in rows_of(result) if r["system"] == OURS),
@@ -147,13 +163,16 @@ HEADERS = (
 
 
 def table_rows(result: dict[str, Any], slo_label: str) -> list[list[Any]]:
+    """One row per system and point at ``slo_label``; ratios against the result's
+    ``reference`` system (``clockwork`` unless it names another)."""
+    reference = result.get("reference", OURS)
     rows = []
     for label, systems in by_point(result).items():
-        ours = systems.get(OURS)
+        ours = systems.get(reference)
         for name, row in systems.items():
             if row["slo_label"] != slo_label:
                 continue
-            versus = ratios(ours, row) if ours is not None and name != OURS else {}
+            versus = ratios(ours, row) if ours is not None and name != reference else {}
             latency = row["latency_ms"]
             share = row["in_slo_share"]
             rows.append(
@@ -195,7 +214,7 @@ def print_tables(result: dict[str, Any]) -> None:
     capacity = result["capacity"]
     print(f"model {result['model']['name']}, b1 {result['b1_ms']:.3f} ms (registration profile)")
     print(f"capacity {capacity['rps']} req/s ({capacity['how']})")
-    ray = result["ray"]
+    ray = result.get("ray", {})
     if "config" in ray:
         print(f"Ray Serve configuration: {ray['config']} (tuning over HTTP, see the JSON)")
     for system, found in result["systems"].items():
@@ -232,7 +251,7 @@ def markdown(result: dict[str, Any]) -> str:
     for label in slo_labels(result):
         parts.append(f"**{_slo_title(result, label)}**\n\n")
         parts.append(markdown_table(HEADERS, table_rows(result, label)) + "\n\n")
-    tuning = result["ray"].get("tuning") or []
+    tuning = result.get("ray", {}).get("tuning") or []
     if tuning:
         headers = ["execute", "max batch", "wait ms", "in SLO/s", "in SLO %", "p50 ms", "p99 ms"]
         headers += ["batches by size"]
@@ -297,8 +316,8 @@ def _ms(row: dict[str, Any], key: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.peer_report",
-        description="Re-report saved peer_ray results: tables printed, Markdown and plot "
-        "written beside each.",
+        description="Re-report saved peer_ray or peer_mlserver results: tables printed, "
+        "Markdown and plot written beside each.",
     )
     parser.add_argument("results", nargs="*", type=Path, help="results/peer_ray[-quick].json")
     return parser
@@ -308,9 +327,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Re-report a saved result: tables printed, Markdown and plot written beside it."""
     for path in build_parser().parse_args(argv).results:
         result = json.loads(path.read_text())
-        result["goals"] = goals(result)
+        extra = ""
+        if result.get("benchmark") == "peer_mlserver":  # its own goals and tuning table
+            from benchmarks import peer_mlserver
+
+            result["goals"] = peer_mlserver.goals(result)
+            extra = peer_mlserver.tuning_markdown(result)
+        else:
+            result["goals"] = goals(result)
         print_tables(result)
-        path.with_suffix(".md").write_text(markdown(result))
+        path.with_suffix(".md").write_text(markdown(result) + extra)
         write_plot(result, path.with_suffix(".png"))
     return 0
 

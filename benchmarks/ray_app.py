@@ -103,6 +103,37 @@ def ort_session(model_path: str) -> Any:
     return ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
 
 
+def v2_row(body: bytes, header_length: str | None, row_shape: tuple[int, ...]) -> tuple[Any, bool]:
+    """The one FP32 input row of an Open Inference Protocol infer request (JSON ``data``, or
+    the binary tensor data extension when ``header_length`` is given), and whether the
+    outputs are asked binary. Only what `benchmarks.http_loadgen` sends is read: one input."""
+    split = len(body) if header_length is None else int(header_length)
+    request = json.loads(body[:split])
+    (tensor,) = request["inputs"]
+    if header_length is None:
+        row = np.asarray(tensor["data"], np.float32).reshape(row_shape)
+    else:
+        row = np.frombuffer(body, np.float32, offset=split).reshape(row_shape)
+    binary = bool(request.get("parameters", {}).get("binary_data_output", False))
+    return row, binary
+
+
+def v2_reply(name: str, output: Any, binary: bool) -> tuple[bytes, dict[str, str]]:
+    """An Open Inference Protocol infer response holding ``output`` (FP32), binary or JSON."""
+    tensor: dict[str, Any] = {"name": name, "shape": list(output.shape), "datatype": "FP32"}
+    if not binary:
+        tensor["data"] = output.ravel().tolist()
+        reply = json.dumps({"model_name": APP_NAME, "outputs": [tensor]}).encode()
+        return reply, {"content-type": "application/json"}
+    tensor["parameters"] = {"binary_data_size": output.nbytes}
+    header = json.dumps({"model_name": APP_NAME, "outputs": [tensor]}).encode()
+    headers = {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(header)),
+    }
+    return header + output.tobytes(), headers
+
+
 def make_deployment(max_ongoing_requests: int) -> Any:
     """The `OnnxPeer` deployment class (built here so that importing this module needs no Ray)."""
     from ray import serve
@@ -116,8 +147,9 @@ def make_deployment(max_ongoing_requests: int) -> Any:
         logging_config={"enable_access_log": False, "log_level": "WARNING"},
     )
     class OnnxPeer:
-        """One ONNX Runtime session behind ``@serve.batch``; HTTP (raw float32 bytes in and
-        out) at ``/`` and ``predict`` (a numpy row in, one out) for deployment handles."""
+        """One ONNX Runtime session behind ``@serve.batch``; HTTP at ``/`` (raw float32 bytes
+        in and out, or an Open Inference Protocol infer request: `v2_row`, `v2_reply`) and
+        ``predict`` (a numpy row in, one out) for deployment handles."""
 
         def __init__(
             self, model_path: str, cpu: int, batch_size: int, wait_s: float, in_thread: bool
@@ -127,6 +159,7 @@ def make_deployment(max_ongoing_requests: int) -> Any:
             self.session = ort_session(model_path)
             first = self.session.get_inputs()[0]
             self.input_name = first.name
+            self.output_name = self.session.get_outputs()[0].name
             self.row_shape = (1, *(int(d) for d in first.shape[1:]))
             # in_thread: ONNX Runtime releases the GIL, so a batch run on this thread lets the
             # event loop take requests into the next batch meanwhile; else it runs on the loop.
@@ -172,9 +205,14 @@ def make_deployment(max_ongoing_requests: int) -> Any:
 
         async def __call__(self, request: Request) -> Response:
             body = await request.body()
-            row = np.frombuffer(body, np.float32).reshape(self.row_shape)
-            output = await self.infer(row)
-            return Response(output.tobytes(), media_type="application/octet-stream")
+            header_length = request.headers.get("inference-header-content-length")
+            if header_length is None and "json" not in request.headers.get("content-type", ""):
+                row = np.frombuffer(body, np.float32).reshape(self.row_shape)
+                output = await self.infer(row)
+                return Response(output.tobytes(), media_type="application/octet-stream")
+            row, binary = v2_row(body, header_length, self.row_shape)
+            reply, headers = v2_reply(self.output_name, await self.infer(row), binary)
+            return Response(reply, headers=headers)
 
         async def predict(self, row: np.ndarray) -> np.ndarray:
             result: np.ndarray = await self.infer(row)

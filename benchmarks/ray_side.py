@@ -2,10 +2,8 @@
 `ray_app` process and the two ways of loading it (HTTP, deployment handle).
 
 - `ensure_venv`: ``.bench-venv/ray`` (no system site packages) with
-  `benchmarks/requirements-ray.txt` installed once; pip's output is printed as it goes. A
-  marker file holds the requirements' sha256, so a changed file reinstalls. Failure (no
-  network, say) is returned as a reason, never raised: the caller reports the Ray rows as
-  not run and goes on.
+  `benchmarks/requirements-ray.txt` installed once (`benchmarks.lib.venv.ensure_venv`: a
+  failure is returned as a reason, and the caller reports the Ray rows as not run).
 - `RayApp`: ``benchmarks/ray_app.py`` under the venv's Python, started pinned to the system CPU
   in a session of its own; one JSON command per line in, one JSON line out, each with a
   timeout. Its standard error goes to a log file.
@@ -20,30 +18,27 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 
+from benchmarks import http_loadgen
 from benchmarks.http_loadgen import arrival_schedule
+from benchmarks.lib.venv import ensure_venv as lib_ensure_venv
+from benchmarks.lib.venv import free_port, venv_python
 
 VENV = Path(".bench-venv/ray")
 REQUIREMENTS = Path("benchmarks/requirements-ray.txt")
 APP = Path("benchmarks/ray_app.py")
-MARKER = "requirements.sha256"
-INSTALL_TIMEOUT_S = 1200
 START_TIMEOUT_S = 180
 LOAD_NICE = 10
 MAX_LAG_S = 1.0  # a request this late against its schedule is not sent (``behind``)
@@ -57,61 +52,12 @@ class RayNotRun(Exception):
 
 
 def _python(venv: Path) -> Path:
-    return venv / "bin" / "python"
+    return venv_python(venv)
 
 
 def ensure_venv(venv: Path = VENV, requirements: Path = REQUIREMENTS) -> str | None:
-    """Make ``venv`` hold ``requirements``; returns None when ready, else why it is not."""
-    digest = hashlib.sha256(requirements.read_bytes()).hexdigest()
-    marker = venv / MARKER
-    if _python(venv).exists() and marker.exists() and marker.read_text().strip() == digest:
-        return None
-    print(f"  creating {venv} and installing {requirements} (once)", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    try:
-        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        status = _pip_install(venv, requirements)
-    except (OSError, subprocess.SubprocessError) as error:
-        return f"could not create {venv}: {error}"
-    if status is not None:
-        return status
-    check = subprocess.run(
-        [str(_python(venv)), "-c", "import ray, onnxruntime; print(ray.__version__)"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if check.returncode != 0:
-        return f"ray does not import in {venv}: {check.stderr.strip()[-300:]}"
-    marker.write_text(digest + "\n")
-    took_s = time.monotonic() - started
-    print(f"  ray {check.stdout.strip()} installed in {took_s:.0f} s", file=sys.stderr)
-    return None
-
-
-def _pip_install(venv: Path, requirements: Path) -> str | None:
-    """pip install, its lines printed as they come; returns None or why it failed."""
-    argv = [str(_python(venv)), "-m", "pip", "install", "--progress-bar", "off"]
-    process = subprocess.Popen(
-        [*argv, "-r", str(requirements)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    last = ""
-    deadline = time.monotonic() + INSTALL_TIMEOUT_S
-    for line in process.stdout:
-        if line.strip():
-            last = line.strip()
-            print(f"    pip: {last}", file=sys.stderr, flush=True)
-        if time.monotonic() > deadline:
-            process.kill()
-            return f"pip install took more than {INSTALL_TIMEOUT_S} s"
-    if process.wait() != 0:
-        return f"pip install failed ({process.returncode}): {last[-300:]}"
-    return None
+    """`benchmarks.lib.venv.ensure_venv` for Ray: None when ready, else why it is not."""
+    return lib_ensure_venv(venv, requirements, "ray, onnxruntime")
 
 
 # --- what Ray leaves behind ----------------------------------------------------------------------
@@ -143,13 +89,6 @@ def remove_leftovers(before: set[Path]) -> list[str]:
 
 
 # --- the app process -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (on 127.0.0.1)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _pinned(cpus: set[int], nice: int = 0) -> Any:
@@ -254,25 +193,24 @@ def http_run(
     seed: int,
     out: Path,
     load_cpus: set[int],
+    protocol: str = "raw",
 ) -> dict[str, Any]:
-    """One `benchmarks.http_loadgen` run against the app's proxy; returns its JSON (rows and
-    settings). Raises RuntimeError if the generator wrote nothing."""
-    argv = [sys.executable, "-m", "benchmarks.http_loadgen", "--port", str(app.port)]
-    argv += ["--model", str(model), "--rate", f"{rate_rps:.3f}", "--duration-s", str(duration_s)]
-    argv += ["--slo-ms", str(slo_ms), "--seed", str(seed), "--out", str(out)]
-    argv += ["--max-lag-s", str(MAX_LAG_S)]
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=False,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=_pinned(load_cpus, LOAD_NICE),
+    """One `benchmarks.http_loadgen` run against the app's proxy (its body in ``protocol``'s
+    form); returns its JSON (rows and settings). Raises RuntimeError if the generator wrote
+    nothing."""
+    return http_loadgen.run_process(
+        app.port,
+        model,
+        rate_rps,
+        duration_s,
+        slo_ms,
+        seed,
+        out,
+        cpus=load_cpus,
+        nice=LOAD_NICE,
+        protocol=protocol,
+        max_lag_s=MAX_LAG_S,
     )
-    if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"http_loadgen failed ({done.returncode}): {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(out.read_text())
-    return result
 
 
 def handle_run(

@@ -48,12 +48,15 @@ run azure benchmarks.azure $mode
 run isolation benchmarks.isolation $mode
 run scale benchmarks.scale $mode
 run peer_ray benchmarks.peer_ray $mode
+run peer_mlserver benchmarks.peer_mlserver $mode
 run codec benchmarks.codec $mode --json results/codec.json
 run executor benchmarks.executor $mode --json results/executor.json
 run idle_gap benchmarks.idle_gap $mode
 run sim_scenarios benchmarks.sim_scenarios $mode --out results
 run sched_bound benchmarks.sched_bound $mode --seeds 1,2
 run buckets benchmarks.buckets $mode --seeds 1,2
+run buckets_real benchmarks.buckets --real $mode
+run overrun benchmarks.overrun $mode
 if [[ -f benchmarks/controller.py ]]; then
     run controller benchmarks.controller $mode
 fi

@@ -110,6 +110,24 @@ def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
     assert h.outcome(11) is Outcome.OK and h.ctl.stats().outcomes["dropped"] == 0
 
 
+def test_a_refusal_behind_a_load_names_that_load_and_no_new_cold_start() -> None:
+    h = Harness()
+    h.register("x", "y", "z")
+    h.join("e1")
+    for request_id, model in enumerate("xyz"):
+        h.request(request_id, model, 100 * MS)  # x, y loading (to 8.3, 16.6); z reserved
+    (loading,) = only(h.request(10, "x", 5 * MS), Reply)  # x ready at 8.3 ms: too late
+    assert loading.message == (
+        "no executor can finish 'x' within its SLO (5.00 ms left) after its copy's LOAD in "
+        "progress and the work already queued"
+    )
+    (reserved,) = only(h.request(11, "z", 20 * MS), Reply)  # z ready at 24.9 ms
+    assert reserved.message == (
+        "no executor can finish 'z' within its SLO (20.00 ms left) after its model's "
+        "reserved LOAD and the work already queued"
+    )
+
+
 def test_demand_from_a_rejected_cold_request_leads_to_a_load_and_later_requests_are_served() -> (
     None
 ):
@@ -117,7 +135,12 @@ def test_demand_from_a_rejected_cold_request_leads_to_a_load_and_later_requests_
     h.register("a")
     h.join("e1")
     commands = h.request(1, "a", 2 * B1)  # 2x b1: a cold start (8.3 + 2.73) can never fit
-    assert only(commands, Reply)[0].outcome is Outcome.INFEASIBLE
+    (reply,) = only(commands, Reply)
+    assert reply.outcome is Outcome.INFEASIBLE
+    assert reply.message == (
+        "no executor can finish 'a' within its SLO (5.46 ms left) after a cold start "
+        "(LOAD 8.30 ms) and the work already queued"
+    )
     (load,) = only(commands, StartLoad)  # the rejected request's demand
     assert (load.model, load.earliest_ns) == ("a", 0)
     h.finish(load)  # loaded at 8.3 ms
@@ -151,6 +174,9 @@ def test_a_cold_request_is_rejected_when_no_page_can_be_freed_for_it() -> None:
     h.request(2, "b", 100 * MS)  # both busy: nothing can be evicted
     (reply,) = only(h.request(3, "c", 100 * MS), Reply)
     assert reply.outcome is Outcome.INFEASIBLE
+    assert reply.message == (
+        "no executor can hold 'c' now: none has 7 pages free or held by idle models it may evict"
+    )
 
 
 def test_requests_booked_on_an_executor_that_leaves_are_booked_again_elsewhere() -> None:

@@ -1,12 +1,14 @@
 """Refuse instead of accept-then-drop (issue 29, point 3): admission leaves as much room
 after a quote as the executor's recent INFERs ran over their predictions, when work is
-planned before the request; on the virtual clock, exactly."""
+planned before the request; on the virtual clock, exactly. An idle lane leaves none, even when
+its next INFER starts later than now (the way there, a cold lane's extra: nothing to run
+over ahead of it), and a refusal says what it counted."""
 
 from __future__ import annotations
 
 import pytest
 
-from clockwork_async.core.events import StartInfer
+from clockwork_async.core.events import ExecutorLead, Reply, StartInfer
 from clockwork_async.core.lanes import OVERRUN_WINDOW, Lane
 from clockwork_async.core.outcomes import Outcome
 
@@ -41,6 +43,11 @@ def test_a_request_behind_work_is_refused_when_an_overrun_would_push_it_out(
         assert 3 not in h.replies
     else:
         assert h.outcome(3) is Outcome.INFEASIBLE and not only(commands, StartInfer)
+        (reply,) = h.replies[3]
+        assert reply.message == (
+            "no executor can finish 'b' within its SLO (6.50 ms left) after the work already "
+            "queued, leaving 1.00 ms for its execute lane's recent overruns"
+        )
 
 
 def test_on_an_idle_lane_no_room_is_left() -> None:
@@ -48,6 +55,54 @@ def test_on_an_idle_lane_no_room_is_left() -> None:
     # Alone on the lane: b1 2.73 ms of 2.73 + 0.2 ms margin + 0.1 ms; accepted and run.
     (infer,) = only(h.request(2, "b", B1 + 300 * US), StartInfer)
     assert infer.request_ids == (2,)
+
+
+def test_an_idle_lane_leaves_no_room_when_its_next_infer_starts_after_the_way_there() -> None:
+    h = _after_one_run(1 * MS)
+    h.at(h.now_ns, ExecutorLead("e1", 100 * US))
+    start_ns = h.now_ns
+    # SLO 3.13 ms (margin 0.2, internal 2.93 ms): from 0.1 ms (the way there) a b1 ends at
+    # 2.83 ms, in time; with the 1 ms overrun room it would not be. Nothing runs ahead of it.
+    (infer,) = only(h.request(2, "b", B1 + 400 * US), StartInfer)
+    assert (infer.request_ids, infer.planned_start_ns) == ((2,), start_ns + 100 * US)
+    h.finish(infer)
+    assert h.outcome(2) is Outcome.OK
+
+
+def test_an_idle_cold_lane_leaves_no_room_its_cold_extra_covers_it() -> None:
+    h = Harness(warm_gap_ns=MS, schedule_ahead_ns=10 * MS)
+    h.register("a", "b")
+    h.join("e1", loaded=("a", "b"))
+    (first,) = only(h.request(1, "a", 100 * MS, at_ns=10 * MS), StartInfer)
+    h.finish(first, end_ns=10 * MS + B1 + 800 * US)  # after 10 ms idle: a 0.8 ms cold extra
+    (cold,) = only(h.request(2, "a", 100 * MS, at_ns=30 * MS), StartInfer)
+    (warm,) = only(h.request(3, "a", 100 * MS), StartInfer)
+    h.finish(cold, end_ns=30 * MS + B1 + 800 * US)
+    h.finish(warm, end_ns=30 * MS + 2 * B1 + 1_800 * US)  # back to back: 1 ms over
+    assert h.ctl.executor("e1").cold_extra_ns == 800 * US
+    # b, idle and cold at 50 ms: planned from 50.8 ms, its b1 ends at 53.53 ms; SLO 3.8 ms
+    # (internal 53.6 ms) holds it, but not with a's 1 ms of overrun room after it.
+    (infer,) = only(h.request(4, "b", 3_800 * US, at_ns=50 * MS), StartInfer)
+    assert (infer.request_ids, infer.planned_start_ns) == ((4,), 50_800 * US)
+    h.finish(infer, end_ns=50 * MS + B1 + 800 * US)
+    assert h.outcome(4) is Outcome.OK
+    # Refused, a cold lane's refusal names its extra (SLO 3.7 ms: internal 53.5 at 50 ms).
+    (reply,) = only(h.request(5, "b", 3_700 * US, at_ns=70 * MS), Reply)
+    assert reply.message == (
+        "no executor can finish 'b' within its SLO (3.70 ms left) after the work already "
+        "queued, including the idle lane's cold extra (0.80 ms)"
+    )
+
+
+def test_a_warm_refusal_names_no_cold_start() -> None:
+    h = _after_one_run(0)
+    only(h.request(2, "b", 100 * MS), StartInfer)  # b1 planned from now
+    # SLO 5 ms (internal 4.75): behind one b1 another ends at 5.46 ms.
+    (reply,) = only(h.request(3, "b", 5 * MS), Reply)
+    assert reply.outcome is Outcome.INFEASIBLE
+    assert reply.message == (
+        "no executor can finish 'b' within its SLO (5.00 ms left) after the work already queued"
+    )
 
 
 def test_the_overrun_is_the_largest_of_the_last_window() -> None:

@@ -122,13 +122,10 @@ class ClockworkPolicy:
             return Outcome.INFEASIBLE, "no executor is connected", False
         internal_ns, _ = self.plan_keys(core, model, deadline_ns)
         quote = best_quote(core, model, internal_ns)
-        if quote is not None and quote.finish_ns + _overrun_ns(core, quote) <= internal_ns:
+        room_ns = 0 if quote is None else _overrun_ns(core, quote)
+        if quote is not None and quote.finish_ns + room_ns <= internal_ns:
             return quote
-        slo_ms = (deadline_ns - core.now_ns) / 1e6
-        message = (
-            f"no executor can finish {model.name!r} within its SLO ({max(slo_ms, 0):.2f} ms left) "
-            "after the work already queued (including a cold start)"
-        )
+        message = _infeasible_message(core, model, quote, room_ns, deadline_ns)
         return Outcome.INFEASIBLE, message, True
 
     def requote(self, core: CoreState, request: RequestState) -> Quote | None:
@@ -306,10 +303,49 @@ def _overrun_ns(core: CoreState, quote: Quote) -> int:
     """Room to leave after a quote: with work planned before it, as much as the executor's
     recent INFERs ran over their predictions (0 on an idle lane, and while they keep to
     them). The work ahead running over would otherwise push the request past its deadline
-    after it was accepted: refused now instead of dropped later (at SLOs near 2x b1)."""
-    if quote.open_start_ns <= core.now_ns:
+    after it was accepted: refused now instead of dropped later (at SLOs near 2x b1).
+
+    An idle lane's next INFER may start after now (the way there, ``lead_ns``; a cold lane's
+    extra): neither is an execution that can run over, so it leaves no room (with a room
+    there, one long overrun refused every request and nothing ran to forget it)."""
+    lane = quote.executor.exec_lane
+    if not lane.overrun_ns:
         return 0
-    return quote.executor.exec_lane.overrun_ns
+    now_ns = core.now_ns
+    committed_ahead = lane.free_at(now_ns) > now_ns + lane.lead_ns
+    if not committed_ahead and quote.open_start_ns <= lane.start_for(now_ns):
+        return 0
+    return lane.overrun_ns
+
+
+def _infeasible_message(
+    core: CoreState, model: ModelState, quote: Quote | None, room_ns: int, deadline_ns: int
+) -> str:
+    """Why a request was refused, naming only what the best quote counted: a cold start
+    (a new LOAD), a reserved or running LOAD, a cold lane's extra, the overrun room."""
+    if quote is None:
+        pages = model.spec.weights_pages
+        where = "free or held by idle models it may evict"
+        return f"no executor can hold {model.name!r} now: none has {pages} pages {where}"
+    now_ns = core.now_ns
+    slo_ms = max(deadline_ns - now_ns, 0) / 1e6
+    after = "the work already queued"
+    executor_id = quote.executor.executor_id
+    if quote.load_ns:
+        after = f"a cold start (LOAD {quote.load_ns / 1e6:.2f} ms) and {after}"
+    elif quote.ready_ns:
+        after = f"its model's reserved LOAD and {after}"
+    elif executor_id in model.loading_on:
+        after = f"its copy's LOAD in progress and {after}"
+    lane = quote.executor.exec_lane
+    extra_ns = lane.start_for(now_ns) - max(lane.free_at(now_ns), now_ns + lane.lead_ns)
+    if extra_ns > 0:
+        after += f", including the idle lane's cold extra ({extra_ns / 1e6:.2f} ms)"
+    if room_ns:
+        after += f", leaving {room_ns / 1e6:.2f} ms for its execute lane's recent overruns"
+    return (
+        f"no executor can finish {model.name!r} within its SLO ({slo_ms:.2f} ms left) after {after}"
+    )
 
 
 def cap_rejection(core: CoreState, model: ModelState) -> Rejection | None:
