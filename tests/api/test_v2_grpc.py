@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -100,6 +101,23 @@ async def test_the_doors_refusal_and_unknown_models_are_grpc_codes(
             await front.client.infer(model, [x_input(x)])
         assert raised.value.status() == f"StatusCode.{code}", raised.value
     assert service.screened == [("door", service.screened[0][1])]
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ServerLive", "RepositoryModelLoad"])
+async def test_a_message_that_does_not_parse_is_invalid_argument(
+    front: Front, service: FakeService, method: str
+) -> None:
+    """Not grpcio's UNKNOWN: the protocol's bad_request, and the front end serves on."""
+    async with grpc.aio.insecure_channel(front.grpc.address) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call(b"\xff\xff\xff\xff")  # field 31, wire type 7: no such wire type
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert raised.value.details().startswith("bad_request: the message does not parse")
+        metadata = dict(raised.value.trailing_metadata() or ())
+        assert metadata.get("clockwork-outcome") == "bad_request"
+    assert await front.client.is_server_live()
+    assert service.submitted == []
 
 
 async def test_a_cancelled_call_cancels_its_request(front: Front, service: FakeService) -> None:

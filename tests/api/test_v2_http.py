@@ -415,6 +415,39 @@ async def test_pipelined_requests_are_answered_in_order(front: Front) -> None:
     assert second.json() == {"live": True} and third.status == 200
 
 
+@pytest.mark.parametrize(
+    "unreadable",
+    [
+        b"\x16\x03\x01 not http\r\n\r\n",  # malformed: 400
+        request("POST", "/v2/models/echo/infer").replace(
+            b"content-length: 0", b"content-length: 5000"
+        ),  # over the body limit: 413
+        request("GET", "/v2/health/live", **{f"x_{i}": "1" for i in range(101)}),  # 400
+    ],
+    ids=["malformed", "too-large", "too-many-headers"],
+)
+async def test_requests_before_an_unreadable_one_are_answered_first(
+    front: Front, unreadable: bytes
+) -> None:
+    """The unreadable request's error is the last answer, then the connection closes: the
+    pipelined requests read before it are never dropped."""
+    conn = await connect(front)
+    conn.writer.write(
+        request("POST", "/v2/models/hold/infer", infer_body([1, 2, 3, 4]))
+        + request("GET", "/v2/health/live")
+        + unreadable
+    )
+    await eventually(lambda: front.service.held)
+    (held,) = front.service.held
+    front.service.release(held)
+    first, second, last = [await conn.read() for _ in range(3)]
+    assert first.status == 200 and first.json()["outputs"][0]["data"] == [held] * 4  # type: ignore[index]
+    assert second.json() == {"live": True}
+    assert last.status in (400, 413) and last.headers["connection"] == "close"
+    assert await conn.closed()
+    assert front.api.outstanding == 0
+
+
 async def test_a_drain_answers_requests_in_flight_and_refuses_new_ones(front: Front) -> None:
     held = await connect(front)
     held.writer.write(request("POST", "/v2/models/hold/infer", infer_body([1, 2, 3, 4])))

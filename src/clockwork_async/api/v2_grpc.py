@@ -13,19 +13,21 @@ Invariants: an infer passes the shared door (`api.v2_door.Door`) like an HTTP on
 gRPC deadline is one of its SLOs (the earliest wins); a refusal aborts the call with the code
 of `v2_door.GRPC_CODE`, details ``"code: sentence"`` and trailing metadata ``clockwork-outcome``;
 a call the client cancels (or whose deadline passes in gRPC) cancels its request; messages
-over ``max_message_bytes`` are refused by gRPC itself (RESOURCE_EXHAUSTED); a port taken by
-another process fails the bind (``SO_REUSEPORT`` off).
+over ``max_message_bytes`` are refused by gRPC itself (RESOURCE_EXHAUSTED); a message that does
+not parse is ``bad_request`` (INVALID_ARGUMENT, `_DecodeGuard`), not grpcio's UNKNOWN; a port
+taken by another process fails the bind (``SO_REUSEPORT`` off).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -82,7 +84,7 @@ class GrpcFrontEnd:
             ("grpc.max_send_message_length", limit),
             ("grpc.max_concurrent_streams", self.config.max_concurrent_streams),
         ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=[_DecodeGuard()])
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(_Servicer(self.door), server)
         target = str(listen)
         try:
@@ -108,6 +110,51 @@ class GrpcFrontEnd:
         """Refuse new calls; give those in flight ``timeout_s``, then cancel them."""
         if self._server is not None:
             await self._server.stop(timeout_s)
+
+
+class _Undecodable:
+    """What a request message that does not parse becomes (instead of grpcio's UNKNOWN)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+class _DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Answers a unary call whose message does not parse ``bad_request`` (INVALID_ARGUMENT),
+    as the protocol's error table says, where grpcio's own deserializer would end it UNKNOWN.
+    The guard wraps the generated handler's deserializer and behaviour; the servicer never
+    sees such a message."""
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None or handler.unary_unary is None or handler.request_deserializer is None:
+            return handler
+        return handler._replace(
+            request_deserializer=_parsing(handler.request_deserializer),
+            unary_unary=_refusing_undecodable(handler.unary_unary),
+        )
+
+
+def _parsing(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse_or_mark(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as error:
+            return _Undecodable(str(error) or "a malformed message")
+
+    return parse_or_mark
+
+
+def _refusing_undecodable(behaviour: Callable[[Any, Any], Awaitable[Any]]) -> Any:
+    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            text = f"the message does not parse: {request.reason}"
+            await _abort(context, V2Error(BAD_REQUEST, text))
+        return await behaviour(request, context)
+
+    return call
 
 
 class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]

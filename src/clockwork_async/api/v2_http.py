@@ -11,7 +11,9 @@ a request is answered, so a client that goes away cancels it at once); a
 request's head and body must arrive within ``request_timeout_s`` of its first byte (else 408
 and close) and a kept-alive connection with no request is closed after ``idle_timeout_s``; a
 body over ``max_body_bytes`` is refused 413, from its Content-Length before it is read where
-there is one, and the connection closed; every answer is JSON, an error one being
+there is one, and the connection closed; a request that cannot be read on (malformed, too large,
+too slow) is answered after every request read before it, then the connection closes and
+nothing more is read; every answer is JSON, an error one being
 ``{"error": "code: sentence"}`` with the status of `v2_door.HTTP_STATUS`; a connection that
 goes away cancels its request in flight; at most ``max_connections`` are open; a body with
 binary tensors read into an IO arena slot (`api.v2_arena.BodyInSlot`) goes back exactly once:
@@ -141,6 +143,7 @@ class _HttpConnection(asyncio.Protocol):
         self._task: asyncio.Task[HttpResponse] | None = None  # the infer being answered
         self._timer = ConnectionTimer(self._timed_out)
         self._writing_paused = False
+        self._failure: V2Error | None = None  # the unreadable request's answer, sent last
         self._closed = False
 
     # --- transport events ---------------------------------------------------------------------
@@ -163,7 +166,7 @@ class _HttpConnection(asyncio.Protocol):
             self._task.cancel()  # the door cancels the request
 
     def data_received(self, data: bytes) -> None:
-        if self._closed:
+        if self._closed or self._failure is not None:
             return
         try:
             self._parser.feed_data(data)
@@ -278,6 +281,10 @@ class _HttpConnection(asyncio.Protocol):
                 self._front.started()
         if self._closed or self._queue:
             return
+        if self._failure is not None:
+            if self._task is None:  # every request read before it is answered: it is last
+                self._write(error_response(self._failure), HttpRequest(keep_alive=False), True)
+            return
         if self._transport is not None:  # reading on while one is answered: a close is seen
             self._transport.resume_reading()
         if self._task is None and self._request is None:
@@ -318,9 +325,19 @@ class _HttpConnection(asyncio.Protocol):
             self._close()
 
     def _fail(self, error: V2Error) -> None:
-        """Answer a request that cannot be read on (malformed, too large, too slow), close."""
-        if not self._closed:
-            self._write(error_response(error), HttpRequest(keep_alive=False), close=True)
+        """Refuse a request that cannot be read on (malformed, too large, too slow): nothing
+        more is read, the requests read before it are answered first (pipelined ones are never
+        dropped), then ``error`` is, and the connection closes."""
+        if self._closed or self._failure is not None:
+            return
+        self._failure = error
+        if self._request is not None:
+            self._request.release()  # half read into the arena: never answered
+            self._request = None
+        self._disarm()
+        if self._transport is not None:
+            self._transport.pause_reading()
+        self._next()
 
     def _stop(self, error: V2Error) -> None:
         """`_fail` from inside a parser callback, and stop the parser."""
