@@ -376,7 +376,6 @@ class ApiSession:
             extra = request_extra(outcome.request_id)
             log.error("answered twice; the second answer is dropped", extra=extra)
             return
-        self._finish(request_id, entry)
         # A client batch's outputs are its rows' joined (copied) out of the arena: only one
         # row's are views of the slot, which must then outlive the reply's write.
         in_slot = bool(outcome.outputs) and entry.rows == 1
@@ -392,6 +391,7 @@ class ApiSession:
             batch_size=outcome.batch_size,
             model_version=entry.model_version,
         )
+        self._finish(request_id, entry)  # the bookkeeping after the write: the reply first
         self._release(entry, with_outputs=in_slot)
 
     def _finish(self, request_id: int, entry: _Pending) -> None:
@@ -408,12 +408,13 @@ class ApiSession:
 
     def _send_infer_reply(self, request_id: int, status: str, message: str, **rest: Any) -> None:
         reply = InferReply(request_id, str(status), message, **rest)
-        self._server.count_answer("msgpack", str(status))
         try:
             self._send(reply)
         except EncodeError as error:
             why = f"the reply could not be encoded: {error}"
             self._send(InferReply(request_id, ApiCode.INTERNAL.value, why))
+        finally:
+            self._server.count_answer("msgpack", str(status))  # counted after the write
 
     def _cancel(self, request: CancelInfer) -> None:
         entry = self._pending.get(request.request_id)

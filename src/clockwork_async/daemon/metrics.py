@@ -18,6 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -133,6 +134,9 @@ class Metrics:
         # switch is process-wide in prometheus_client; this daemon is its only user.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self._groups_seen: set[str] = set()
+        # Each label set's child, kept: `labels()` validates and locks on every call, several
+        # times per request; label sets are bounded above and never removed.
+        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
         self._define_counters(registry)
         self._define_histograms(registry)
         self._live = _LiveCollector(self._group, self._executor)
@@ -239,20 +243,20 @@ class Metrics:
         """One reply: counts it and, for replies with outputs, its latencies and slack."""
         result = Outcome(outcome)
         group_label = self._group_label(group)
-        self.requests.labels(group_label, result.value).inc()
+        self._child(self.requests, group_label, result.value).inc()
         instance = self._instance(self.instance_aliases.get(model, model))
-        self.instance_requests.labels(instance, result.value).inc()
+        self._child(self.instance_requests, instance, result.value).inc()
         if result in DROP_REASONS:
-            self.drops.labels(group_label, result.value).inc()
+            self._child(self.drops, group_label, result.value).inc()
         if result not in ANSWERED_WITH_OUTPUTS:
             return
-        self.request_duration.labels(group_label).observe(total_s)
+        self._child(self.request_duration, group_label).observe(total_s)
         if queue_s is not None:
-            self.queue_duration.labels(group_label).observe(queue_s)
+            self._child(self.queue_duration, group_label).observe(queue_s)
         if execute_s is not None:
-            self.execute_duration.labels(group_label).observe(execute_s)
+            self._child(self.execute_duration, group_label).observe(execute_s)
         if slack_s is not None and slack_s >= 0 and result is Outcome.OK:
-            self.deadline_slack.labels(group_label).observe(slack_s)
+            self._child(self.deadline_slack, group_label).observe(slack_s)
 
     def observe_outcome(self, model: str, group: str, slack_ns: int, outcome: InferOutcome) -> None:
         """One answer, as the dispatcher hands it to its outcome listeners (labels of
@@ -291,14 +295,14 @@ class Metrics:
         fixed sets count as ``other``)."""
         protocol = protocol if protocol in PROTOCOLS else OTHER
         status = status if status in ANSWER_STATUSES else OTHER
-        self.api_requests.labels(protocol, status).inc()
+        self._child(self.api_requests, protocol, status).inc()
 
     def observe_prediction(self, kind: str, error_s: float) -> None:
         """``error_s`` = actual - predicted duration of an ``infer`` or ``load`` action."""
         if kind not in PREDICTION_KINDS:
             raise ValueError(f"prediction kind must be one of {PREDICTION_KINDS}, not {kind!r}")
         direction = "slower" if error_s > 0 else "faster"
-        self.prediction_error.labels(kind, direction).observe(abs(error_s))
+        self._child(self.prediction_error, kind, direction).observe(abs(error_s))
 
     def observe_load(self, group: str, duration_s: float) -> None:
         self.load_duration.labels(self._group_label(group)).observe(duration_s)
@@ -320,7 +324,7 @@ class Metrics:
         """One action of ``kind`` (``infer`` or ``load``) ran ``seconds`` on an executor."""
         if kind not in BUSY_KINDS:
             raise ValueError(f"busy kind must be one of {BUSY_KINDS}, not {kind!r}")
-        self.executor_busy.labels(self._executor(executor_id), kind).inc(max(0.0, seconds))
+        self._child(self.executor_busy, self._executor(executor_id), kind).inc(max(0.0, seconds))
 
     def set_snapshot_source(self, source: SnapshotSource | None) -> None:
         """Where the live gauges come from at scrape time (None: no live gauges)."""
@@ -329,6 +333,13 @@ class Metrics:
     def set_arena(self, arena: IoArena | None) -> None:
         """The IO arena whose occupancy is read at scrape time (None: no arena gauges)."""
         self._arena.arena = arena
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def _group_label(self, group: str) -> str:
         label = self._group(group)

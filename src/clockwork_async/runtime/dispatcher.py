@@ -342,9 +342,10 @@ class Dispatcher(Door, LaneReservations):
             message = ActionResult(action.action_id, "internal", f"unexpected {message!r}")
         hops = self._note(link, action, message)
         group = self._group_of(action.model)
+        self._feed(action.finished_event(message, link.offset_ns, hops))
+        # Listeners (the metrics) only watch: after the core's pass, so its replies go first.
         for listener in self.action_listeners:
             _call_quietly(listener, group, action, message)
-        self._feed(action.finished_event(message, link.offset_ns, hops))
 
     def _note(
         self, link: ExecutorLink, action: ActionRecord, result: ActionResult

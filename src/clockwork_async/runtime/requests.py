@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -247,7 +247,13 @@ class RequestBook:
         return self._infer(action, batch, offset_ns)
 
     @staticmethod
-    def _infer(action: ActionRecord, batch: Mapping[str, np.ndarray], offset_ns: int) -> Infer:
+    def _infer(
+        action: ActionRecord,
+        batch: Mapping[str, np.ndarray],
+        offset_ns: int,
+        arena_inputs: tuple[int, ...] = (),
+        arena_outputs: tuple[int, ...] = (),
+    ) -> Infer:
         return Infer(
             action.action_id,
             action.model,
@@ -255,6 +261,8 @@ class RequestBook:
             batch,
             action.earliest_ns + offset_ns,
             action.latest_ns + offset_ns,
+            arena_inputs,
+            arena_outputs,
         )
 
     def outcome(self, request: PendingRequest, reply: Reply, now_ns: int) -> InferOutcome:
@@ -314,8 +322,7 @@ def _by_reference(
     for slot in action.slots:
         slot.pin()
     action.outputs_in = layout if arena_outputs else ()
-    by_bytes = RequestBook._infer(action, {}, offset_ns)
-    return replace(by_bytes, arena_inputs=tuple(arena_inputs), arena_outputs=tuple(arena_outputs))
+    return RequestBook._infer(action, {}, offset_ns, tuple(arena_inputs), tuple(arena_outputs))
 
 
 def _timing(request: PendingRequest, now_ns: int) -> dict[str, int]:

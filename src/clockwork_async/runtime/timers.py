@@ -145,6 +145,7 @@ class BusyPoll:
         self._now_ns = now_ns
         self._until_ns = 0
         self._handle: asyncio.Handle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop a window polls
         self._windows = 0
         self._polls = 0
         self.thread_ns = 0  # the loop thread's CPU time spent polling (not work)
@@ -165,7 +166,8 @@ class BusyPoll:
         self._until_ns = self._now_ns() + self._window_ns
         if self._handle is None:
             self._windows += 1
-            self._handle = asyncio.get_running_loop().call_soon(self._poll)
+            self._loop = asyncio.get_running_loop()
+            self._handle = self._loop.call_soon(self._poll)
 
     def cancel(self) -> None:
         self._until_ns = 0
@@ -182,7 +184,9 @@ class BusyPoll:
             started_ns = time.thread_time_ns()
             os.sched_yield()  # polite: any other runnable thread on this CPU goes first
             self.thread_ns += time.thread_time_ns() - started_ns
-            self._handle = asyncio.get_running_loop().call_soon(self._poll)
+            # The loop this runs on (`get_running_loop` is a getpid system call per poll).
+            assert self._loop is not None
+            self._handle = self._loop.call_soon(self._poll)
         else:
             self._handle = None
 
