@@ -13,7 +13,7 @@ import numpy as np
 import pytest_asyncio
 
 from clockwork_async.api.async_client import AsyncClient
-from clockwork_async.api.server import ApiServer
+from clockwork_async.api.server import ApiServer, ServerLimits
 from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.wire.messages import InferRequest
 
@@ -33,11 +33,45 @@ async def arena() -> AsyncIterator[IoArena]:
 
 @pytest_asyncio.fixture
 async def server(service: FakeService, arena: IoArena) -> AsyncIterator[ApiServer]:
-    api = ApiServer(service)
+    api = ApiServer(service, limits=ServerLimits(io_arena_min_bytes=0))  # tiny rows too
     api.io_arena = arena
     await api.start("127.0.0.1:0")
     yield api
     await api.close(0.5)
+
+
+@pytest_asyncio.fixture
+async def default_server(service: FakeService, arena: IoArena) -> AsyncIterator[ApiServer]:
+    api = ApiServer(service)  # io_arena_min_bytes: 16 KiB
+    api.io_arena = arena
+    await api.start("127.0.0.1:0")
+    yield api
+    await api.close(0.5)
+
+
+async def test_a_request_under_io_arena_min_bytes_is_read_as_bytes(
+    default_server: ApiServer, service: FakeService, arena: IoArena
+) -> None:
+    assert default_server.limits.io_arena_min_bytes == 16 * KIB
+    under = np.ones((1, 4 * KIB - 4), np.float32)  # 16 bytes short of 16 KiB
+    at = np.ones((1, 4 * KIB), np.float32)  # 16 KiB
+    async with AsyncClient(default_server.address) as client:
+        held = client.start_infer("hold", {"x": under})
+        await eventually(lambda: len(service.held) == 1)
+        (submitted,) = service.submitted
+        assert submitted.slot is None and arena.offset_of(submitted.inputs["x"]) is None
+        assert arena.used_bytes == 0 and arena.live_slots == 0
+        held.cancel()
+        assert (await held).status == "cancelled"
+        held = client.start_infer("hold", {"x": at})
+        await eventually(lambda: len(service.held) == 1)
+        submitted = service.submitted[1]
+        assert isinstance(submitted.slot, Slot)
+        assert arena.offset_of(submitted.inputs["x"]) == submitted.slot.offset
+        assert arena.used_bytes >= 16 * KIB
+        held.cancel()
+        assert (await held).status == "cancelled"
+    await eventually(lambda: arena.used_bytes == 0)
 
 
 async def test_tensors_land_in_a_slot_that_is_released_after_the_reply(

@@ -14,7 +14,7 @@ import numpy as np
 import pytest_asyncio
 
 from clockwork_async.api.async_client import AsyncClient
-from clockwork_async.api.server import ApiServer
+from clockwork_async.api.server import ApiServer, ServerLimits
 from clockwork_async.core.outcomes import Outcome
 from clockwork_async.ioarena.shared import IoArena, Slot
 from clockwork_async.wire.messages import InferRequest
@@ -98,7 +98,7 @@ async def arena() -> AsyncIterator[IoArena]:
 
 @pytest_asyncio.fixture
 async def arena_server(service: FakeService, arena: IoArena) -> AsyncIterator[ApiServer]:
-    api = ApiServer(service)
+    api = ApiServer(service, limits=ServerLimits(io_arena_min_bytes=0))  # tiny rows too
     api.io_arena = arena
     await api.start("127.0.0.1:0")
     yield api

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,7 +18,7 @@ import tritonclient.grpc.aio as triton_aio
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from clockwork_async.api.server import ApiServer
+from clockwork_async.api.server import ApiServer, ServerLimits
 from clockwork_async.api.service import InferOutcome
 from clockwork_async.api.v2_arena import detach, into_slots
 from clockwork_async.api.v2_config import GrpcConfig, HttpConfig
@@ -46,8 +47,20 @@ class Fronts:
 
 @pytest_asyncio.fixture
 async def fronts(service: FakeService) -> AsyncIterator[Fronts]:
+    async with serving(service, ServerLimits(io_arena_min_bytes=0)) as served:  # tiny rows too
+        yield served
+
+
+@pytest_asyncio.fixture
+async def default_fronts(service: FakeService) -> AsyncIterator[Fronts]:
+    async with serving(service, ServerLimits()) as served:  # io_arena_min_bytes: 16 KiB
+        yield served
+
+
+@asynccontextmanager
+async def serving(service: FakeService, limits: ServerLimits) -> AsyncIterator[Fronts]:
     arena = IoArena(64 * KIB, owner_share=0.5)  # one connection: 32 KiB
-    api = ApiServer(service)
+    api = ApiServer(service, limits=limits)
     api.io_arena = arena
     await api.start("127.0.0.1:0")
     listen = TcpAddress("127.0.0.1", 0)
@@ -98,6 +111,31 @@ async def test_http_rows_are_copied_once_into_a_slot_released_with_the_answer(
         else:  # copied, each row into a slot of its own
             assert offset == submitted.slot.offset
     assert fronts.arena.used_bytes == 0 and fronts.arena.live_slots == 0
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+async def test_http_rows_under_io_arena_min_bytes_stay_bytes(
+    default_fronts: Fronts, service: FakeService, binary: bool
+) -> None:
+    arena = default_fronts.arena
+    # 8 KiB: its rows' bytes and its body (binary: the Content-Length, JSON header included)
+    # are both under 16 KiB.
+    under = np.arange(2 * KIB, dtype=np.float32)[None]
+    holding = asyncio.to_thread(http_infer, default_fronts.http, "hold", under, binary)
+    held = asyncio.ensure_future(holding)
+    await eventually(lambda: len(service.held) == 1)
+    (submitted,) = service.submitted
+    assert submitted.slot is None and arena.offset_of(submitted.inputs["x"]) is None
+    assert arena.used_bytes == 0 and arena.live_slots == 0
+    service.release(next(iter(service.held)))
+    await held
+    at = np.arange(4 * KIB, dtype=np.float32)[None]  # 16 KiB: through the arena
+    y = await asyncio.to_thread(http_infer, default_fronts.http, "echo", at, binary)
+    np.testing.assert_array_equal(y, at * 2)
+    slot = service.submitted[1].slot
+    assert isinstance(slot, Slot) and arena.offset_of(service.submitted[1].inputs["x"]) is not None
+    await eventually(lambda: arena.used_bytes == 0)
+    assert arena.refusals.total() == 0
 
 
 async def test_a_binary_body_is_read_into_the_slot_its_row_keeps(

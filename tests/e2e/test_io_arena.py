@@ -25,11 +25,15 @@ from hostile.support import RawClient, infer_frame, infer_frames
 from .harness import add_tiny
 from .test_daemon_inprocess import sim_daemon
 
+# Tiny's rows are 64 bytes, under the default server.io_arena_min_bytes: these tests
+# want every request with tensor bytes in the arena.
+ARENA_FOR_ALL = {"server.io_arena_min_bytes": "0"}
+
 
 @pytest.fixture
 async def daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
     add_tiny(tmp_path / "models")
-    daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false"})
+    daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false", **ARENA_FOR_ALL})
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():
         await asyncio.sleep(0.05)
@@ -103,6 +107,29 @@ async def test_tensors_go_by_reference_and_every_slot_comes_back(daemon: Daemon)
     await _until_empty(arena)
 
 
+async def test_a_row_under_io_arena_min_bytes_goes_as_bytes(tmp_path: Path) -> None:
+    add_tiny(tmp_path / "models")
+    daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false"})  # the default threshold
+    run = asyncio.ensure_future(daemon.run())
+    while daemon.state is DaemonState.STARTING and not run.done():
+        await asyncio.sleep(0.05)
+    assert daemon.state is DaemonState.SERVING, await run
+    try:
+        arena = _arena(daemon)
+        async with AsyncClient(daemon.api_address) as client:
+            warm = await client.infer("tiny", {"input": np.ones((1, 4), np.float32)}, slo_ms=2_000)
+            assert warm.ok, warm  # the LOAD
+            sent = _spy_infers(daemon)
+            result = await client.infer("tiny", {"input": np.full((1, 4), 3.0, np.float32)})
+        assert result.ok and result.outputs["output"][0, 0] == 3.0, result
+        (infer,) = sent
+        assert infer.inputs and not infer.arena_inputs and not infer.arena_outputs
+        assert arena.used_bytes == 0 and arena.live_slots == 0 and arena.refusals.total() == 0
+    finally:
+        daemon.request_stop()
+        assert await run == 0
+
+
 # tiny-sim's 0.5 ms execute becomes 20 ms: a batch is in the executor's hands a while (more
 # would make registration's profiling slow).
 SLOW_EXECUTORS = (
@@ -113,7 +140,7 @@ SLOW_EXECUTORS = (
 @pytest.fixture
 async def slow_daemon(tmp_path: Path) -> AsyncIterator[Daemon]:
     add_tiny(tmp_path / "models")
-    settings = {"metrics.enabled": "false", "executors": SLOW_EXECUTORS}
+    settings = {"metrics.enabled": "false", "executors": SLOW_EXECUTORS, **ARENA_FOR_ALL}
     daemon = sim_daemon(tmp_path, **settings)
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():
@@ -215,7 +242,7 @@ async def test_cancelled_requests_give_their_slots_back(slow_daemon: Daemon) -> 
 
 async def test_a_drain_with_slots_in_use_answers_all_and_frees_all(tmp_path: Path) -> None:
     add_tiny(tmp_path / "models")
-    settings = {"metrics.enabled": "false", "executors": SLOW_EXECUTORS}
+    settings = {"metrics.enabled": "false", "executors": SLOW_EXECUTORS, **ARENA_FOR_ALL}
     daemon = sim_daemon(tmp_path, **{**settings, "server.drain_timeout_s": "0.1"})
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():
@@ -242,7 +269,7 @@ async def test_a_frame_larger_than_a_request_may_hold_is_refused_before_its_byte
     tmp_path: Path,
 ) -> None:
     add_tiny(tmp_path / "models")
-    settings = {"metrics.enabled": "false", "server.io_arena_bytes": str(1 << 20)}
+    settings = {"metrics.enabled": "false", "server.io_arena_bytes": str(1 << 20), **ARENA_FOR_ALL}
     daemon = sim_daemon(tmp_path, **settings)
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():

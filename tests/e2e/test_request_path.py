@@ -25,6 +25,7 @@ from clockwork_async.daemon.lifecycle import DaemonState
 
 from .harness import add_tiny
 from .test_daemon_inprocess import sim_daemon
+from .test_io_arena import ARENA_FOR_ALL
 
 PACKAGE = Path(clockwork_async.__file__).parent
 # docs/architecture.md, "A request's way": the controller side outside core/ and wire/.
@@ -107,7 +108,7 @@ async def test_one_request_passes_the_documented_files_and_enters_the_core_once(
     tmp_path: Path,
 ) -> None:
     add_tiny(tmp_path / "models")
-    daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false"})
+    daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false", **ARENA_FOR_ALL})
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():
         await asyncio.sleep(0.05)

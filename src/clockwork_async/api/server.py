@@ -85,6 +85,7 @@ class ServerLimits:
     max_upload_bytes_in_flight: int = ranged(256 * MiB, 64 * 1024, 64 * GiB)  # their model bytes
     io_arena_bytes: int = ranged(256 * MiB, 0, 64 * GiB)  # shared tensor memory; 0: none
     io_arena_connection_share: float = ranged(0.5, 0.01, 1.0)  # of it, one connection at most
+    io_arena_min_bytes: int = ranged(16 * 1024, 0, 64 * GiB)  # fewer tensor bytes: byte path
 
     def __post_init__(self) -> None:
         counts = ("max_connections", "max_outstanding_per_connection", "max_queued_messages")

@@ -184,13 +184,17 @@ class Service(Requests, Admin, Protocol):
 
 
 class ServerCaps(Protocol):
-    """The caps on requests in flight every front end applies."""
+    """The caps on requests in flight every front end applies, and the smallest request whose
+    tensors go through the IO arena (fewer bytes: the byte path, cheaper for tiny rows)."""
 
     @property
     def max_outstanding_per_connection(self) -> int: ...
 
     @property
     def max_outstanding_total(self) -> int: ...
+
+    @property
+    def io_arena_min_bytes(self) -> int: ...
 
 
 class RequestHost(Protocol):

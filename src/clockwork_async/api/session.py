@@ -293,8 +293,10 @@ class ApiSession:
     def _lease(self, nbytes: int) -> str | None:
         """Lease the slot this frame's tensors will be read into (`_lend`), or say why not:
         the arena is full or this connection used its share (``overloaded``), or the request
-        is larger than any one may be (``bad_input``)."""
-        if self._arena is None or not nbytes:
+        is larger than any one may be (``bad_input``). A request of fewer tensor bytes than
+        ``io_arena_min_bytes`` leases none: its tensors are read as bytes (cheaper for tiny
+        rows than a slot's lease, pins and release)."""
+        if self._arena is None or not nbytes or nbytes < self._server.limits.io_arena_min_bytes:
             return None
         leased = self._arena.lease(self, nbytes)
         if isinstance(leased, ArenaRefusal):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -34,7 +34,7 @@ import numpy as np
 
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
-from clockwork_async.api.service import InferOutcome, RequestHost, ServiceError
+from clockwork_async.api.service import InferOutcome, RequestHost, ServerCaps, ServiceError
 from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_arena import Placed, detach, into_slots
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
@@ -57,6 +57,17 @@ INDEX_STATE = {
     "registering": "LOADING",
     "profiling": "LOADING",
 }
+
+
+def _bytes_only(
+    rows: Sequence[Mapping[str, np.ndarray]], body: Slot | None, caps: ServerCaps
+) -> bool:
+    """Whether rows stay as they are, out of the arena: fewer input bytes than
+    ``io_arena_min_bytes`` (for tiny rows a slot costs more than it saves), and not already
+    in a slot (a body read into the arena stays there: its arrays are views of it)."""
+    if body is not None:
+        return False
+    return sum(array.nbytes for row in rows for array in row.values()) < caps.io_arena_min_bytes
 
 
 class DoorHost(RequestHost, Protocol):
@@ -197,7 +208,7 @@ class Door:
                     raise V2Error(Outcome.BAD_INPUT, str(error)) from None
             rows = self._rows(model, inputs)
             arena = host.io_arena
-            if arena is None or reason is not None:
+            if arena is None or reason is not None or _bytes_only(rows, body, host.limits):
                 return target, served_version, reason, [(row, None, _nothing) for row in rows]
             handed = True
             owner = owner if owner is not None else self

@@ -217,11 +217,14 @@ class _HttpConnection(asyncio.Protocol):
     def _read_into_arena(self, request: HttpRequest) -> None:
         """An infer with binary tensors (an ``Inference-Header-Content-Length`` and a
         ``Content-Length``) has its body read straight into an IO arena slot, where the
-        daemon has an arena with room (else as bytes: the door copies its rows into slots)."""
+        daemon has an arena with room (else as bytes: the door copies its rows into slots),
+        and the body is not smaller than ``io_arena_min_bytes`` (then it stays bytes)."""
         arena = self._door.host.io_arena
         json_text = request.headers.get(HEADER_LENGTH, "")
         length = request.headers.get("content-length", "")
         if arena is None or request.method != "POST" or not json_text.isdigit():
+            return
+        if length.isdigit() and int(length) < self._door.host.limits.io_arena_min_bytes:
             return
         if length.isdigit() and int(json_text) < int(length) <= self._config.max_body_bytes:
             request.in_slot = BodyInSlot.lease(arena, self, int(length), int(json_text))
