@@ -108,6 +108,7 @@ async def test_one_request_passes_the_documented_files_and_enters_the_core_once(
     tmp_path: Path,
 ) -> None:
     add_tiny(tmp_path / "models")
+    # The arena's path (a tiny row takes it only with io_arena_min_bytes = 0): the longer one.
     daemon = sim_daemon(tmp_path, **{"metrics.enabled": "false", **ARENA_FOR_ALL})
     run = asyncio.ensure_future(daemon.run())
     while daemon.state is DaemonState.STARTING and not run.done():
