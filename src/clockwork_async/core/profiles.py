@@ -171,7 +171,15 @@ class Predictions:
         self._by_model: dict[str, dict[str, KindPredictions]] = {}
         self.fallback_seeds = 0
         self._totals: dict[str, _ErrorTotals] = {}
-        self.recent: deque[PredictionError] = deque(maxlen=RECENT_ERRORS)
+        # (action, model, kind, batch_size, error_ns): a PredictionError is made only when
+        # read (``recent``), not once per INFER (compiled, a dataclass is built in the
+        # interpreter).
+        self._recent: deque[tuple[str, str, str, int, int]] = deque(maxlen=RECENT_ERRORS)
+
+    @property
+    def recent(self) -> list[PredictionError]:
+        """The most recent prediction errors, oldest first."""
+        return [PredictionError(*sample) for sample in self._recent]
 
     def get(self, spec: ModelSpec, kind: str) -> KindPredictions:
         """Return the predictions of ``spec`` on ``kind``, seeding them on first use."""
@@ -212,12 +220,12 @@ class Predictions:
         self, spec: ModelSpec, kind: str, batch_size: int, error_ns: int
     ) -> None:
         """Count an execute prediction error learned elsewhere (a cold start's, lanes.py)."""
-        self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
+        self._note("infer", spec.name, kind, batch_size, error_ns)
 
     def record_load(self, spec: ModelSpec, kind: str, measured_ns: int, now_ns: int = 0) -> int:
         """Record a measured LOAD duration; return its prediction error."""
         error_ns = self.get(spec, kind).record_load(measured_ns, now_ns)
-        self._note("load", PredictionError("load", spec.name, kind, 0, error_ns))
+        self._note("load", spec.name, kind, 0, error_ns)
         return error_ns
 
     def relax(self, name: str, now_ns: int, stale_ns: int, factor: float) -> int:
@@ -236,12 +244,12 @@ class Predictions:
         slowest = slowest_profile(spec)
         return KindPredictions(slowest, kind, "*slowest*", self._size, self._percentile)
 
-    def _note(self, action: str, sample: PredictionError) -> None:
-        self.recent.append(sample)
+    def _note(self, action: str, model: str, kind: str, batch_size: int, error_ns: int) -> None:
+        self._recent.append((action, model, kind, batch_size, error_ns))
         totals = self._totals.get(action)
         if totals is None:
             totals = self._totals[action] = _ErrorTotals()
-        totals.add(sample.error_ns)
+        totals.add(error_ns)
 
     def error_stats(self) -> dict[str, PredictionErrorStats]:
         """Return the error summary per action kind ("infer", "load")."""
