@@ -18,6 +18,7 @@ a stale window's measurement by a probe drops its samples over ``outlier_factor`
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -27,21 +28,28 @@ RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
 
 
 class SlidingWindow:
-    """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank)."""
+    """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank).
+    ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
+    result each) instead of sorting the window again."""
 
-    __slots__ = ("_percentile", "_samples", "updated_ns", "value_ns")
+    __slots__ = ("_ordered", "_percentile", "_samples", "updated_ns", "value_ns")
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
+        self._ordered: list[int] = [seed_ns]
         self._percentile = percentile
         self.value_ns = seed_ns
         self.updated_ns = 0  # when a sample last came (or was forgotten)
 
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
-        self._samples.append(sample_ns)
+        samples, ordered = self._samples, self._ordered
+        if len(samples) == samples.maxlen:  # the oldest sample leaves the window
+            del ordered[bisect_left(ordered, samples[0])]
+        samples.append(sample_ns)
+        insort(ordered, sample_ns)
         self.updated_ns = now_ns
-        self._update()
+        self._set_value()
 
     def forget_outlier(self, now_ns: int, stale_ns: int, factor: float) -> bool:
         """Drop the largest sample if no sample came for ``stale_ns`` and it is over ``factor``
@@ -64,7 +72,12 @@ class SlidingWindow:
             self._update()
 
     def _update(self) -> None:
-        ordered = sorted(self._samples)
+        """Sort the window again (after samples left it other than oldest first)."""
+        self._ordered = sorted(self._samples)
+        self._set_value()
+
+    def _set_value(self) -> None:
+        ordered = self._ordered
         rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
 
