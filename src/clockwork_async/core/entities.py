@@ -109,7 +109,7 @@ class ModelState:
 
     def __init__(self, spec: ModelSpec) -> None:
         self.name = spec.name
-        self.queue = RequestQueue(self)
+        self.queue: RequestQueue[RequestState] = RequestQueue(self)
         self.queued = 0  # live requests in ``queue``
         self.version = 0  # bumped whenever the head of the queue changes
         # Executor ids (dicts as ordered sets, so iteration order is deterministic).

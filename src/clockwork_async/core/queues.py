@@ -13,10 +13,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from enum import Enum
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:  # entities.py imports this module; the types are only for checking
-    from .entities import ModelState, RequestState
+from typing import Final, Generic, Protocol, TypeVar
 
 COMPACT_AFTER: Final = 64  # dead entries at the front before they are removed
 
@@ -27,13 +24,29 @@ class RequestStatus(Enum):
     DONE = "done"
 
 
-class RequestQueue:
-    """Requests of one model (``owner``), earliest key first. Typed with entities' own
-    classes (not a protocol), so the compiled core reads a request's status natively."""
+class Queued(Protocol):
+    """What a queue reads of a request (entities.RequestState): its key, its status, and the
+    model it is queued for now (a request re-queued elsewhere is not live here)."""
+
+    @property
+    def key_ns(self) -> int: ...
+
+    @property
+    def status(self) -> RequestStatus: ...
+
+    @property
+    def model(self) -> object: ...
+
+
+RequestState = TypeVar("RequestState", bound=Queued)
+
+
+class RequestQueue(Generic[RequestState]):
+    """Requests of one model (``owner``), earliest key first."""
 
     __slots__ = ("_head", "_keys", "_owner", "_requests")
 
-    def __init__(self, owner: ModelState) -> None:
+    def __init__(self, owner: object) -> None:
         self._owner = owner
         self._keys: list[int] = []
         self._requests: list[RequestState] = []
