@@ -50,7 +50,7 @@ CORE_LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("queues", "lanes", "entities"),
     ("state",),
-    ("agenda", "feasibility", "eviction", "room", "ledger"),
+    ("agenda", "feasibility", "eviction", "room", "quotes", "ledger"),
     ("requests", "warm_up"),
     ("batching", "policies"),
     ("admission", "scheduler", "results", "membership", "placement", "reservations"),

@@ -12,8 +12,6 @@ request booked in a later batch when that would push other work booked on the ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .entities import ExecutorState, ModelState
 from .ledger import dispatch_fits
 from .state import CoreState, predict
@@ -21,16 +19,28 @@ from .state import CoreState, predict
 FAR_FUTURE_NS = 1 << 62  # the latest start of a batch that has no deadline to keep
 
 
-@dataclass(slots=True)
 class Batch:
     """Run the ``count`` live requests from queue ``position`` on (in queue order) as one
-    INFER of ``batch_size`` rows."""
+    INFER of ``batch_size`` rows. A plain class, not a dataclass: compiled, a dataclass's
+    generated ``__init__`` would run in the interpreter (one per fill)."""
 
-    position: int
-    count: int
-    batch_size: int
-    predicted_ns: int
-    latest_ns: int
+    __slots__ = ("batch_size", "count", "latest_ns", "position", "predicted_ns")
+
+    def __init__(
+        self, position: int, count: int, batch_size: int, predicted_ns: int, latest_ns: int
+    ) -> None:
+        self.position = position
+        self.count = count
+        self.batch_size = batch_size
+        self.predicted_ns = predicted_ns
+        self.latest_ns = latest_ns
+
+    def __repr__(self) -> str:
+        return (
+            f"Batch(position={self.position}, count={self.count}, "
+            f"batch_size={self.batch_size}, predicted_ns={self.predicted_ns}, "
+            f"latest_ns={self.latest_ns})"
+        )
 
 
 def fitting_count(model: ModelState, exec_ns: dict[int, int], budget_ns: int) -> int:

@@ -17,6 +17,13 @@ ExecutorId = str
 RequestId = int
 ActionId = int
 
+# The events and commands made once or more per request (RequestArrived, ActionFinished, Tick,
+# StartInfer, Reply, WakeAt) write their own ``__init__`` (``init=False``): compiled with
+# mypyc, a dataclass's generated ``__init__`` runs in the interpreter (about 0.8 µs each, a
+# sixth of the simulator's time), an explicit one natively (about 0.04 µs). They stay frozen
+# dataclasses (fields, equality, repr, hashing as before); ``object.__setattr__`` is how a
+# frozen dataclass sets its fields, as the generated ``__init__`` does.
+
 
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
@@ -87,7 +94,7 @@ class ModelUnregistered:
     name: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class RequestArrived:
     """A request arrived. ``deadline_ns`` is its true deadline (controller clock): the core
     answers ``ok`` only when it hands out the result by then, and plans it to end by
@@ -96,6 +103,11 @@ class RequestArrived:
     request_id: RequestId
     model: str
     deadline_ns: int
+
+    def __init__(self, request_id: RequestId, model: str, deadline_ns: int) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "deadline_ns", deadline_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +123,7 @@ class RequestCancelled:
     request_id: RequestId
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class ActionFinished:
     """An executor's result, its times already translated to the controller's clock.
 
@@ -132,10 +144,33 @@ class ActionFinished:
     return_hop_ns: int | None = None
     lead_ns: int | None = None
 
+    def __init__(
+        self,
+        executor_id: ExecutorId,
+        action_id: ActionId,
+        code: str = "",
+        start_ns: int = 0,
+        end_ns: int = 0,
+        duration_ns: int = 0,
+        return_hop_ns: int | None = None,
+        lead_ns: int | None = None,
+    ) -> None:
+        object.__setattr__(self, "executor_id", executor_id)
+        object.__setattr__(self, "action_id", action_id)
+        object.__setattr__(self, "code", code)
+        object.__setattr__(self, "start_ns", start_ns)
+        object.__setattr__(self, "end_ns", end_ns)
+        object.__setattr__(self, "duration_ns", duration_ns)
+        object.__setattr__(self, "return_hop_ns", return_hop_ns)
+        object.__setattr__(self, "lead_ns", lead_ns)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class Tick:
     """A timer the core asked for (WakeAt) fired, or the runtime just wants a look."""
+
+    def __init__(self) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +246,7 @@ class StartLoad:
     latest_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class StartInfer:
     executor_id: ExecutorId
     action_id: ActionId
@@ -223,6 +258,28 @@ class StartInfer:
     predicted_ns: int  # predicted execute duration
     planned_start_ns: int = 0  # where the core planned it: after the lane's committed work
 
+    def __init__(
+        self,
+        executor_id: ExecutorId,
+        action_id: ActionId,
+        model: str,
+        batch_size: int,
+        request_ids: tuple[RequestId, ...],
+        earliest_ns: int,
+        latest_ns: int,
+        predicted_ns: int,
+        planned_start_ns: int = 0,
+    ) -> None:
+        object.__setattr__(self, "executor_id", executor_id)
+        object.__setattr__(self, "action_id", action_id)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "batch_size", batch_size)
+        object.__setattr__(self, "request_ids", request_ids)
+        object.__setattr__(self, "earliest_ns", earliest_ns)
+        object.__setattr__(self, "latest_ns", latest_ns)
+        object.__setattr__(self, "predicted_ns", predicted_ns)
+        object.__setattr__(self, "planned_start_ns", planned_start_ns)
+
 
 @dataclass(frozen=True, slots=True)
 class StartUnload:
@@ -231,7 +288,7 @@ class StartUnload:
     model: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Reply:
     """The one answer to a request. For OK and LATE the runtime attaches the outputs of
     ``action_id`` (the request's row of the batch)."""
@@ -243,12 +300,31 @@ class Reply:
     executor_id: ExecutorId | None = None
     details: Mapping[str, int] = field(default_factory=dict)  # e.g. predicted_ns, queued_ns
 
+    def __init__(
+        self,
+        request_id: RequestId,
+        outcome: Outcome,
+        message: str = "",
+        action_id: ActionId | None = None,
+        executor_id: ExecutorId | None = None,
+        details: Mapping[str, int] | None = None,  # None: a new empty dict
+    ) -> None:
+        object.__setattr__(self, "request_id", request_id)
+        object.__setattr__(self, "outcome", outcome)
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "action_id", action_id)
+        object.__setattr__(self, "executor_id", executor_id)
+        object.__setattr__(self, "details", {} if details is None else details)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True, slots=True, init=False)
 class WakeAt:
     """Deliver a Tick at (or soon after) ``time_ns``. A later WakeAt replaces an earlier one."""
 
     time_ns: int
+
+    def __init__(self, time_ns: int) -> None:
+        object.__setattr__(self, "time_ns", time_ns)
 
 
 @dataclass(frozen=True, slots=True)

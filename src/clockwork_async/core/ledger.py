@@ -40,32 +40,13 @@ would push other booked work past its deadline (batching.count_keeping_promises)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .entities import BookedBatch, ExecutorState, ModelState, RequestState
 from .eviction import choose_victims, send_unload
+from .quotes import Quote
 from .room import grow_pays, note_booking, room_rows, target_ns
 from .state import CoreState, predict
 
 DEMAND_MODELS = 4096  # most models remembered as wanted after rejections (oldest forgotten)
-
-
-@dataclass(slots=True)
-class Quote:
-    """Where a request would be booked and when the work booked there would end with it."""
-
-    executor: ExecutorState
-    finish_ns: int  # predicted end of the booked work there, this request included (for a
-    # new batch: including room for it to grow to its target size); admit if <= deadline
-    share_ns: int  # this request's booked execute time
-    joins: bool  # joins its model's open batch there (else opens a new one)
-    open_start_ns: int  # predicted start of the new batch (when not joining)
-    ready_ns: int = 0  # no copy yet: when the reserved LOAD is predicted to end
-    load_ns: int = 0  # a new reservation: its LOAD's predicted duration (else 0)
-    victims: list[str] | None = None  # a new reservation: the idle models to evict for it
-    ahead_of: int = -1  # a new batch booked ahead: its position in ``booked`` (else appended)
-    room: int = 1  # a new batch: the rows booked for it (its share is exec of that size)
-    in_order: bool = True  # the request sorts last in its model's queue (it could join)
 
 
 def best_quote(core: CoreState, model: ModelState, internal_deadline_ns: int) -> Quote | None:

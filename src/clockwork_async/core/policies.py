@@ -26,8 +26,9 @@ from .batching import (
 )
 from .entities import ExecutorState, ModelState, RequestState
 from .feasibility import copies_can_meet, still_servable
-from .ledger import Quote, best_quote, dispatch_fits, waits_for_load_before
+from .ledger import best_quote, dispatch_fits, waits_for_load_before
 from .outcomes import Outcome
+from .quotes import Quote
 from .requests import QueuePolicy
 from .state import CoreState, best_exec_b1_ns, best_load_ns, predict
 

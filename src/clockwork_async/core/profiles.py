@@ -18,6 +18,7 @@ a stale window's measurement by a probe drops its samples over ``outlier_factor`
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -27,21 +28,28 @@ RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
 
 
 class SlidingWindow:
-    """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank)."""
+    """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank).
+    ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
+    result each) instead of sorting the window again."""
 
-    __slots__ = ("_percentile", "_samples", "updated_ns", "value_ns")
+    __slots__ = ("_ordered", "_percentile", "_samples", "updated_ns", "value_ns")
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
+        self._ordered: list[int] = [seed_ns]
         self._percentile = percentile
         self.value_ns = seed_ns
         self.updated_ns = 0  # when a sample last came (or was forgotten)
 
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
-        self._samples.append(sample_ns)
+        samples, ordered = self._samples, self._ordered
+        if len(samples) == samples.maxlen:  # the oldest sample leaves the window
+            del ordered[bisect_left(ordered, samples[0])]
+        samples.append(sample_ns)
+        insort(ordered, sample_ns)
         self.updated_ns = now_ns
-        self._update()
+        self._set_value()
 
     def forget_outlier(self, now_ns: int, stale_ns: int, factor: float) -> bool:
         """Drop the largest sample if no sample came for ``stale_ns`` and it is over ``factor``
@@ -64,7 +72,12 @@ class SlidingWindow:
             self._update()
 
     def _update(self) -> None:
-        ordered = sorted(self._samples)
+        """Sort the window again (after samples left it other than oldest first)."""
+        self._ordered = sorted(self._samples)
+        self._set_value()
+
+    def _set_value(self) -> None:
+        ordered = self._ordered
         rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
 
@@ -171,7 +184,15 @@ class Predictions:
         self._by_model: dict[str, dict[str, KindPredictions]] = {}
         self.fallback_seeds = 0
         self._totals: dict[str, _ErrorTotals] = {}
-        self.recent: deque[PredictionError] = deque(maxlen=RECENT_ERRORS)
+        # (action, model, kind, batch_size, error_ns): a PredictionError is made only when
+        # read (``recent``), not once per INFER (compiled, a dataclass is built in the
+        # interpreter).
+        self._recent: deque[tuple[str, str, str, int, int]] = deque(maxlen=RECENT_ERRORS)
+
+    @property
+    def recent(self) -> list[PredictionError]:
+        """The most recent prediction errors, oldest first."""
+        return [PredictionError(*sample) for sample in self._recent]
 
     def get(self, spec: ModelSpec, kind: str) -> KindPredictions:
         """Return the predictions of ``spec`` on ``kind``, seeding them on first use."""
@@ -212,12 +233,12 @@ class Predictions:
         self, spec: ModelSpec, kind: str, batch_size: int, error_ns: int
     ) -> None:
         """Count an execute prediction error learned elsewhere (a cold start's, lanes.py)."""
-        self._note("infer", PredictionError("infer", spec.name, kind, batch_size, error_ns))
+        self._note("infer", spec.name, kind, batch_size, error_ns)
 
     def record_load(self, spec: ModelSpec, kind: str, measured_ns: int, now_ns: int = 0) -> int:
         """Record a measured LOAD duration; return its prediction error."""
         error_ns = self.get(spec, kind).record_load(measured_ns, now_ns)
-        self._note("load", PredictionError("load", spec.name, kind, 0, error_ns))
+        self._note("load", spec.name, kind, 0, error_ns)
         return error_ns
 
     def relax(self, name: str, now_ns: int, stale_ns: int, factor: float) -> int:
@@ -236,12 +257,12 @@ class Predictions:
         slowest = slowest_profile(spec)
         return KindPredictions(slowest, kind, "*slowest*", self._size, self._percentile)
 
-    def _note(self, action: str, sample: PredictionError) -> None:
-        self.recent.append(sample)
+    def _note(self, action: str, model: str, kind: str, batch_size: int, error_ns: int) -> None:
+        self._recent.append((action, model, kind, batch_size, error_ns))
         totals = self._totals.get(action)
         if totals is None:
             totals = self._totals[action] = _ErrorTotals()
-        totals.add(sample.error_ns)
+        totals.add(error_ns)
 
     def error_stats(self) -> dict[str, PredictionErrorStats]:
         """Return the error summary per action kind ("infer", "load")."""

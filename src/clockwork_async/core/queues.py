@@ -13,9 +13,9 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from enum import Enum
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
-COMPACT_AFTER = 64  # dead entries at the front before they are removed
+COMPACT_AFTER: Final = 64  # dead entries at the front before they are removed
 
 
 class RequestStatus(Enum):

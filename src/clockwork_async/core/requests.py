@@ -17,9 +17,10 @@ from typing import Protocol
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
 from .events import Reply
-from .ledger import Quote, book, release, unbook
+from .ledger import book, release, unbook
 from .outcomes import Outcome
 from .queues import RequestStatus
+from .quotes import Quote
 from .state import CoreState, next_seq
 
 

@@ -15,6 +15,7 @@ so the cost of an event is independent of the number of models.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from .agenda import arm_timer, note_pressure, nudge, push_head, push_heads
 from .batching import Batch
@@ -27,7 +28,8 @@ from .queues import RequestStatus
 from .requests import answer
 from .state import CoreState, new_action_id, next_seq, predict
 
-FILLS_PER_EXECUTOR = 4  # bound on fills of one executor per event (no ping-pong between copies)
+# Bound on fills of one executor per event (no ping-pong between copies).
+FILLS_PER_EXECUTOR: Final = 4
 
 
 def run_due(core: CoreState, policy: Policy) -> None:
@@ -218,8 +220,11 @@ def next_wake_ns(core: CoreState) -> int | None:
     drops = core.drop_timers
     while drops and _stale_drop(drops[0][2], drops[0][3].status, drops[0][3].model):
         heapq.heappop(drops)
-    candidates = [entry[0][0] for entry in (timers, drops) if entry]
-    return min(candidates) if candidates else None
+    if not drops:
+        return timers[0][0] if timers else None
+    if not timers:
+        return drops[0][0]
+    return min(timers[0][0], drops[0][0])
 
 
 def _stale_drop(cold: bool, status: RequestStatus, model: ModelState) -> bool:
