@@ -56,8 +56,6 @@ from benchmarks.cpu_serving import MODEL
 from benchmarks.lib import (
     GENERATOR_NICE,
     RESULTS,
-    ModelFolder,
-    demo_model_bytes,
     generator_cpus,
     load_average,
     machine_description,
@@ -72,7 +70,7 @@ from benchmarks.peer_ray import (
     arrivals_identical,
     http_row,
     progress,
-    run_ours,
+    run_our_systems,
 )
 from benchmarks.peer_report import markdown, markdown_table, print_tables, ratio, write_plot
 
@@ -391,37 +389,29 @@ def tuning_markdown(result: dict[str, Any]) -> str:
 def run(plan: Plan, skip_mlserver: bool, stem: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="clockwork-peer-mlserver-") as name:
         folder = Path(name)
-        onnx = demo_model_bytes(folder / "demo", [MODEL])[MODEL]
-        model_path = folder / f"{MODEL}.onnx"
-        model_path.write_bytes(onnx)
-        model = {MODEL: ModelFolder(onnx)}
+        ours = run_our_systems(folder, plan, stem, OURS)
+        phases_s = {"ours": round(ours.seconds, 1)}
         started = time.monotonic()
-        log_of = {system: stem.with_name(f"{stem.name}-{system}-daemon.log") for system in OURS}
-        first = run_ours(folder, OURS[0], plan, model, log_of[OURS[0]], None)
-        setup = first.pop("setup")
-        point_list = setup.pop("points")
-        systems: dict[str, Any] = {OURS[0]: first}
-        for system in OURS[1:]:
-            systems[system] = run_ours(
-                folder, system, plan, model, log_of[system], point_list, model_path
-            )
-        phases_s = {"ours": round(time.monotonic() - started, 1)}
         if skip_mlserver:
             peer: dict[str, Any] = {"not_run": "--skip-mlserver"}
         else:
             log = stem.with_name(f"{stem.name}-mlserver.log")
-            peer = run_mlserver(folder, model_path, plan, point_list, log)
-        phases_s[PEER] = round(time.monotonic() - started - phases_s["ours"], 1)
+            peer = run_mlserver(folder, ours.model_path, plan, ours.points, log)
+        phases_s[PEER] = round(time.monotonic() - started, 1)
         rows = peer.get("rows")
-        systems[PEER] = {"rows": rows} if rows else {"not_run": peer.get("not_run", "?")}
+        ours.systems[PEER] = {"rows": rows} if rows else {"not_run": peer.get("not_run", "?")}
     return {
-        "model": {"name": MODEL, "bytes": len(onnx), "sha256": hashlib.sha256(onnx).hexdigest()},
-        **setup,
-        "points": [asdict(p) for p in point_list],
+        "model": {
+            "name": MODEL,
+            "bytes": len(ours.onnx),
+            "sha256": hashlib.sha256(ours.onnx).hexdigest(),
+        },
+        **ours.setup,
+        "points": [asdict(p) for p in ours.points],
         "reference": REFERENCE,
         "mlserver": {k: v for k, v in peer.items() if k != "rows"},
-        "systems": systems,
-        "arrivals_identical": arrivals_identical(systems),
+        "systems": ours.systems,
+        "arrivals_identical": arrivals_identical(ours.systems),
         "phases_s": phases_s,
     }
 

@@ -60,6 +60,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -484,41 +485,64 @@ def arrivals_identical(systems: dict[str, Any]) -> bool:
     return all(len(c) == 1 for c in counts.values())
 
 
+@dataclass
+class OursRun:
+    """Our daemons' part of a peer comparison: the model they served (written where the peer
+    reads it too), the setup the first daemon measured, its points, and each system's rows."""
+
+    onnx: bytes
+    model_path: Path
+    setup: dict[str, Any]
+    points: list[Point]
+    systems: dict[str, Any]
+    seconds: float
+
+
+def run_our_systems(folder: Path, plan: Plan, stem: Path, ours: Sequence[str]) -> OursRun:
+    """Run each of ``ours`` on the demo model in ``folder``: the first profiles the model and
+    sets the points (capacity, b1), the others replay the same points; logs beside ``stem``."""
+    onnx = demo_model_bytes(folder / "demo", [MODEL])[MODEL]
+    model_path = folder / f"{MODEL}.onnx"
+    model_path.write_bytes(onnx)
+    model = {MODEL: ModelFolder(onnx)}
+    started = time.monotonic()
+    log_of = {system: stem.with_name(f"{stem.name}-{system}-daemon.log") for system in ours}
+    first = run_ours(folder, ours[0], plan, model, log_of[ours[0]], None)
+    setup = first.pop("setup")
+    points = setup.pop("points")
+    systems: dict[str, Any] = {ours[0]: first}
+    for system in ours[1:]:
+        systems[system] = run_ours(folder, system, plan, model, log_of[system], points, model_path)
+    return OursRun(onnx, model_path, setup, points, systems, time.monotonic() - started)
+
+
 def run(plan: Plan, skip_ray: bool, stem: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="clockwork-peer-ray-") as name:
         folder = Path(name)
-        onnx = demo_model_bytes(folder / "demo", [MODEL])[MODEL]
-        model_path = folder / f"{MODEL}.onnx"
-        model_path.write_bytes(onnx)
-        model = {MODEL: ModelFolder(onnx)}
+        ours = run_our_systems(folder, plan, stem, OURS)
+        phases_s = {"ours": round(ours.seconds, 1)}
         started = time.monotonic()
-        log_of = {system: stem.with_name(f"{stem.name}-{system}-daemon.log") for system in OURS}
-        first = run_ours(folder, OURS[0], plan, model, log_of[OURS[0]], None)
-        setup = first.pop("setup")
-        point_list = setup.pop("points")
-        systems: dict[str, Any] = {OURS[0]: first}
-        for system in OURS[1:]:
-            systems[system] = run_ours(
-                folder, system, plan, model, log_of[system], point_list, model_path
-            )
-        phases_s = {"ours": round(time.monotonic() - started, 1)}
         if skip_ray:
             ray: dict[str, Any] = {"not_run": "--skip-ray"}
         else:
             ray = run_ray(
-                folder, model_path, plan, point_list, stem.with_name(f"{stem.name}-ray.log")
+                folder, ours.model_path, plan, ours.points, stem.with_name(f"{stem.name}-ray.log")
             )
-        phases_s["ray"] = round(time.monotonic() - started - phases_s["ours"], 1)
+        phases_s["ray"] = round(time.monotonic() - started, 1)
         for system in RAY:
             rows = ray.get("rows", {}).get(system)
-            systems[system] = {"rows": rows} if rows else {"not_run": ray.get("not_run", "?")}
+            ours.systems[system] = {"rows": rows} if rows else {"not_run": ray.get("not_run", "?")}
     return {
-        "model": {"name": MODEL, "bytes": len(onnx), "sha256": hashlib.sha256(onnx).hexdigest()},
-        **setup,
-        "points": [asdict(p) for p in point_list],
+        "model": {
+            "name": MODEL,
+            "bytes": len(ours.onnx),
+            "sha256": hashlib.sha256(ours.onnx).hexdigest(),
+        },
+        **ours.setup,
+        "points": [asdict(p) for p in ours.points],
         "ray": {k: v for k, v in ray.items() if k != "rows"},
-        "systems": systems,
-        "arrivals_identical": arrivals_identical(systems),
+        "systems": ours.systems,
+        "arrivals_identical": arrivals_identical(ours.systems),
         "phases_s": phases_s,
     }
 
