@@ -1,5 +1,6 @@
 """What the Open Inference Protocol front ends (HTTP in `api.v2_http`, gRPC in `api.v2_grpc`)
 share: the door every request passes, the status vocabulary, SLO parameters, metadata.
+One idea: a standard-protocol request as the daemon's requests, through one door.
 
 The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): the same
 ``accepting_requests`` (so a drain answers ``shutting_down`` on every front end), the same
@@ -240,9 +241,8 @@ class Door:
     ) -> asyncio.Future[InferOutcome]:
         """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
         ``slot``: the arena slot (or part) the row's inputs are in; ``release`` gives it back
-        (`v2_arena.Placed`),
-        called once with its outcome (its outputs copied out of the slot first), whoever
-        awaits it or not."""
+        (`v2_arena.Placed`), called once with its outcome (its outputs copied out of the slot
+        first), whoever awaits it or not."""
         host = self.host
         future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
         host.request_started()
@@ -276,6 +276,17 @@ class Door:
     def count(self, status: str) -> None:
         """One infer answered with ``status`` (an outcome or a front end's code)."""
         self.host.count_answer(self.protocol, status)
+
+    def answered(
+        self, model: str, request_id: str, trace: str | None, status: str, message: str
+    ) -> None:
+        """One infer answered: counted (`count`), and logged at debug with its request id and
+        trace parent."""
+        self.count(status)
+        if log.isEnabledFor(logging.DEBUG):
+            extra = {"request_id": request_id, "traceparent": trace or ""}
+            extra["protocol"] = self.protocol
+            log.debug("infer %r answered %s %s", model, status, message, extra=extra)
 
     # --- health and metadata -----------------------------------------------------------------
 

@@ -261,12 +261,12 @@ class _Servicer(pb_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
             response = _response(request, answer.version, outcome.outputs)
         except (V2Error, TensorError) as error:
             failure = error if isinstance(error, V2Error) else V2Error(BAD_REQUEST, str(error))
-            _log_answer(self._door, model, request.id, trace, failure.code, failure.message)
+            self._door.answered(model, request.id, trace, failure.code, failure.message)
             await _abort(context, failure)
         if outcome.outcome is Outcome.LATE:
             response.parameters["outcome"].string_param = Outcome.LATE.value
         context.set_trailing_metadata((("clockwork-outcome", outcome.outcome.value),))
-        _log_answer(self._door, model, request.id, trace, outcome.outcome.value, "")
+        self._door.answered(model, request.id, trace, outcome.outcome.value, "")
         return response
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
@@ -334,12 +334,3 @@ def _response(request: Any, version: int, outputs: Mapping[str, np.ndarray]) -> 
             np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
         )
     return response
-
-
-def _log_answer(
-    door: Door, model: str, request_id: str, trace: str | None, code: str, message: str
-) -> None:
-    door.count(code)
-    if log.isEnabledFor(logging.DEBUG):
-        extra = {"request_id": request_id, "traceparent": trace or "", "protocol": "grpc"}
-        log.debug("infer %r answered %s %s", model, code, message, extra=extra)

@@ -229,12 +229,12 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
         encoded = encode_response(document, select_outputs(outcome.outputs, header))
     except TensorError as error:
         failure = V2Error(BAD_REQUEST, str(error))
-        _log_answer(door, model, request_id, trace, failure.code, failure.message)
+        door.answered(model, request_id, trace, failure.code, failure.message)
         return error_response(failure, *echo)
     except V2Error as error:
-        _log_answer(door, model, request_id, trace, error.code, error.message)
+        door.answered(model, request_id, trace, error.code, error.message)
         return error_response(error, *echo)
-    _log_answer(door, model, request_id, trace, outcome.outcome.value, "")
+    door.answered(model, request_id, trace, outcome.outcome.value, "")
     return HttpResponse(200, encoded, (*echo, ("clockwork-outcome", outcome.outcome.value)))
 
 
@@ -248,12 +248,3 @@ def _header_bytes(request: HttpRequest, body_bytes: int) -> int:
     if not text.strip().isdigit() or int(text) > body_bytes:
         raise TensorError(f"{HEADER_LENGTH} {text!r} must be an integer <= the body's length")
     return int(text)
-
-
-def _log_answer(
-    door: Door, model: str, request_id: str, trace: str | None, code: str, message: str
-) -> None:
-    door.count(code)
-    if log.isEnabledFor(logging.DEBUG):
-        extra = {"request_id": request_id, "traceparent": trace or "", "protocol": "http"}
-        log.debug("infer %r answered %s %s", model, code, message, extra=extra)
