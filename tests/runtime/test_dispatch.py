@@ -155,7 +155,7 @@ async def test_the_core_alone_judges_by_the_true_deadline_and_plans_by_the_retur
     outputs = {"output": np.ones((1, 4), np.float32)}
     rig.link.answer(0, outputs=outputs, start_ns=rig.now_ns - 3 * MS, end_ns=rig.now_ns - 1)
     assert rig.replies[request_id].outcome is Outcome.OK
-    # A second request whose result comes after its deadline: late, and nobody flips it.
+    # A second request whose result comes after its deadline: late, whatever the way out.
     late_id = rig.submit(slo_ms=10.0)
     await _end_of_round()
     rig.now_ns += 10 * MS + 1
@@ -166,6 +166,29 @@ async def test_the_core_alone_judges_by_the_true_deadline_and_plans_by_the_retur
     core = rig.dispatcher.controller.stats().outcomes
     assert dict(rig.dispatcher.book.outcomes) == {"ok": 1, "late": 1}
     assert core["ok"] == 1 and core["late"] == 1
+
+
+async def test_an_ok_whose_reply_would_leave_after_its_deadline_leaves_late() -> None:
+    rig = Rig()
+    first, second = rig.submit(slo_ms=10.0), rig.submit(slo_ms=10.0)
+    await _end_of_round()
+    rig.link.infers()
+    ended_ns = rig.now_ns = rig.now_ns + 5 * MS  # the result comes with 5 ms to spare ...
+
+    def slow_write(outcome: InferOutcome) -> None:
+        rig.replies[outcome.request_id] = outcome
+        rig.now_ns += 6 * MS  # ... but the first reply's write takes 6 ms
+
+    rig.dispatcher.book.request(first).on_reply = slow_write  # type: ignore[union-attr]
+    outputs = {"output": np.ones((2, 4), np.float32)}
+    rig.link.answer(0, outputs=outputs, start_ns=ended_ns - 3 * MS, end_ns=ended_ns)
+    assert rig.replies[first].outcome is Outcome.OK
+    late = rig.replies[second]  # judged ok with the first, it would leave 1 ms late
+    assert late.outcome is Outcome.LATE and "1.000 ms after the deadline" in late.message
+    assert late.outputs["output"].shape == (1, 4)  # its result still goes with it
+    assert dict(rig.dispatcher.book.outcomes) == {"ok": 1, "late": 1}
+    # The way it took (the executor's end to the reply out: 6 ms) is a return hop sample.
+    assert max(rig.dispatcher._hops.back._samples) == 6 * MS
 
 
 async def test_a_drain_out_of_time_has_the_core_answer_the_rest() -> None:

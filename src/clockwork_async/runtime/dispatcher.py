@@ -17,8 +17,9 @@ Invariants:
   callback, a result) is handled right after it, so the core is never re-entered. Arrivals are
   held until the end of the event loop's round, the next other event or `MAX_HELD_ARRIVALS`,
   whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
-- The core alone judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and
-  plans by it); the dispatcher never changes an outcome. The only answers that do not come
+- The core judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and plans
+  by it); the dispatcher changes one outcome only: an ``ok`` whose reply would leave after its
+  deadline leaves ``late`` (`RequestBook.outcome`; its way out teaches the hop). The only answers that do not come
   from the core are the refusals at the door (runtime/door.py: ``shutting_down``,
   ``overloaded`` when the daemon's own loop is too far behind, ``unknown_model``,
   ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
@@ -376,9 +377,20 @@ class Dispatcher(Door, LaneReservations):
             return 0
         now_ns = self._now_ns()
         outcome = self._book.outcome(request, reply, now_ns)
+        if outcome.outcome is not reply.outcome and outcome.outcome is Outcome.LATE:
+            self._learn_way_out(reply, now_ns)
         started_ns = time.perf_counter_ns()
         self._deliver(request, outcome, now_ns)
         return time.perf_counter_ns() - started_ns
+
+    def _learn_way_out(self, reply: Reply, now_ns: int) -> None:
+        """An ok left late: the way back it took teaches the core's return hop."""
+        action = self._book.action(reply.action_id) if reply.action_id is not None else None
+        result = action.result if action is not None else None
+        if action is not None and result is not None and result.end_ns:
+            hop = self._hops.on_late_way_out(result.end_ns - action.offset_ns, now_ns)
+            if hop is not None:
+                self._feed(hop)
 
     def _answer_here(self, request: PendingRequest, outcome: Outcome, message: str) -> None:
         """Answer a request the core never saw (refused at the door)."""

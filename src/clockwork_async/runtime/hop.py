@@ -5,7 +5,8 @@ the answer is judged when it reaches the controller: after the result's write, t
 wake-up, the socket and the controller's decode (measured here at 0.2-0.5 ms on a 2-vCPU VM,
 more under load). The dispatcher therefore tells the core the return hop's `HopEstimate`
 (`ReturnHop`), which the core subtracts from each new request's deadline when it plans; the
-core alone then judges each answer against the request's true deadline.
+core then judges each answer against the request's true deadline (an ``ok`` that would still
+leave after it goes ``late``, and its way out is a sample: `Hops.on_late_way_out`).
 
 The way there: an action sent now cannot start before the executor has read it (the rest of
 the core's handling, the encode, the socket, the executor's wake-up and decode). Each executor
@@ -139,6 +140,15 @@ class Hops:
             if _changed(there, result.received_ns - offset_ns - sent_ns, now_ns):
                 there_ns = there.estimate_ns
         return back_ns, there_ns
+
+    def on_late_way_out(self, ended_ns: int, now_ns: int) -> ReturnHop | None:
+        """A reply the core judged on time left after its deadline (`RequestBook.outcome`):
+        its whole way, from the executor's end (``ended_ns``, our clock) to the reply leaving
+        now, is a sample of the way back the judgment should have allowed. Returns the new
+        estimate for the core where it changed."""
+        if _changed(self.back, now_ns - ended_ns, now_ns):
+            return ReturnHop(self.back.estimate_ns)
+        return None
 
     def relieve(self, now_ns: int) -> list[Event]:
         """Let stale tails go (`HopEstimate.relieve`); returns the lower estimates' events."""

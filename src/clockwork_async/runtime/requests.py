@@ -1,6 +1,8 @@
 """The dispatcher's book of outstanding requests and actions, what a caller gets back, and the
 prediction errors of the INFERs it saw finish.
 
+One idea: what is outstanding between the core and the callers, and the answer each gets.
+
 Invariants: a request is in the book from acceptance until it is popped to be answered (so it
 is answered once); an action is in the book from the moment it is sent until its ActionFinished
 has been handled or its executor left; ``actions_of``/``actions_for_model`` index exactly the
@@ -282,6 +284,8 @@ class RequestBook:
                     outputs.update(region_rows(region.array, action.outputs_in, outputs))
         if outcome in _WITH_OUTPUTS and (result is None or not result.ok):
             outcome, message = Outcome.FAILED, "internal error: the result of its batch is missing"
+        if outcome is Outcome.OK and now_ns > request.deadline_ns:
+            outcome, message = Outcome.LATE, _left_late(now_ns - request.deadline_ns)
         executor_id = reply.executor_id or (action.executor_id if action is not None else None)
         batch_size = action.batch_size if action is not None else 0
         return InferOutcome(
@@ -323,6 +327,16 @@ def _by_reference(
         slot.pin()
     action.outputs_in = layout if arena_outputs else ()
     return RequestBook._infer(action, {}, offset_ns, tuple(arena_inputs), tuple(arena_outputs))
+
+
+def _left_late(over_ns: int) -> str:
+    """The core judged the answer on time (its result came with the return hop to spare), but
+    the replies and actions handled before it took longer than that hop: it leaves ``late``,
+    never as an ``ok`` after its deadline."""
+    return (
+        f"the reply left the controller {over_ns / 1e6:.3f} ms after the deadline "
+        "(its result came in time; the way out took longer than the return hop)"
+    )
 
 
 def _timing(request: PendingRequest, now_ns: int) -> dict[str, int]:
