@@ -54,6 +54,7 @@ class FakeService:
         self._next_id = 100
         self.flushes: list[int] = []
         self.screened: list[tuple[str, int]] = []  # (model, frame bytes) refused by `screen`
+        self.screens: list[tuple[str, int | None, int]] = []  # `screen` calls: model, SLO, bytes
 
     # --- Service ---------------------------------------------------------------------------
 
@@ -94,6 +95,7 @@ class FakeService:
     def screen(
         self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
     ) -> str | None:
+        self.screens.append((model, slo_ns, nbytes))
         return "the fake is overloaded" if model == "door" else None
 
     def refuse(
