@@ -25,6 +25,7 @@ later than 10 ms, the highest bucket reached) and its CPU per request offered.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +52,7 @@ from benchmarks.lib import (
     table,
     write_report,
 )
+from benchmarks.overhead import near_zero_executor
 from benchmarks.overhead_v2 import process_cpu_ns
 from clockwork_async.testing import clean_environ
 
@@ -58,6 +60,8 @@ PROTOCOLS = ("v2-json", "v2-binary")
 LAG = "clockwork_event_loop_lag_seconds"
 ANSWERS = "clockwork_api_requests_total"
 LATE_PROBE_S = 0.01
+SIM_PROFILE = "resnet50-v100"  # the simulated executor's model: one 3x224x224 float32 image
+SIM_IMAGE = (3, 224, 224)
 
 
 def scrape(daemon: DaemonProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -105,11 +109,25 @@ def answers(before: dict[Any, float], after: dict[Any, float]) -> dict[str, int]
     return dict(sorted(found.items()))
 
 
+def config_of(folder: Path, executor: str) -> Path:
+    """The daemon's config: its default ONNX Runtime executors, or ``simulated``: one
+    near-zero simulated executor (`benchmarks.overhead`) on the last CPU."""
+    if executor == "onnx":
+        return daemon_config(folder)
+    return daemon_config(folder, near_zero_executor(max(os.sched_getaffinity(0))))
+
+
+def load_cpus(executor: str) -> set[int]:
+    """The generator's CPU: the controller's beside ONNX Runtime executors (as the peer
+    benchmarks), the simulated executor's otherwise (it leaves that CPU nearly idle)."""
+    return generator_cpus() if executor == "onnx" else {max(os.sched_getaffinity(0))}
+
+
 def one_point(
     folder: Path, python: str, protocol: str, rate_rps: float, args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
     """A fresh daemon (run by ``python``) under one overload point."""
-    config = daemon_config(folder)
+    config = config_of(folder, args.executor)
     load_before = load_average()[0]
     daemon = DaemonProcess.start(folder, config, env=clean_environ(folder), python=python)
     try:
@@ -124,7 +142,7 @@ def one_point(
             args.slo_ms,
             seed,
             out,
-            cpus=generator_cpus(),
+            cpus=load_cpus(args.executor),
             nice=GENERATOR_NICE,
             path=f"/v2/models/{MODEL}/infer",
             protocol=protocol,
@@ -147,15 +165,38 @@ def one_point(
     }
 
 
+def image_identity() -> bytes:
+    """An ONNX model whose one input is the ``resnet50-v100`` profile's (``input``, float32
+    Nx3x224x224): what the simulated executor serves, as the generator reads it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    shape = ["N", *SIM_IMAGE]
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input"], ["output"])],
+        "image",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, shape)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
+
+
 def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    onnx = demo_model_bytes(folder / "demo", [MODEL])[MODEL]
+    if args.executor == "onnx":
+        onnx = demo_model_bytes(folder / "demo", [MODEL])[MODEL]
+        add_model(folder / "models", MODEL, onnx)
+    else:
+        onnx = image_identity()
+        add_model(folder / "models", MODEL, onnx, f'sim_profile = "{SIM_PROFILE}"\n')
     (folder / f"{MODEL}.onnx").write_bytes(onnx)
-    add_model(folder / "models", MODEL, onnx)
     daemons = {"after": sys.executable} | ({"before": args.before} if args.before else {})
-    first = DaemonProcess.start(folder, daemon_config(folder), env=clean_environ(folder))
+    config = config_of(folder, args.executor)
+    first = DaemonProcess.start(folder, config, env=clean_environ(folder))
     first.stop()  # registered and profiled: every daemon after it reuses the profile
     capacity = rule_capacity(registration_profile(folder), args.slo_ms)
-    rate_rps = args.factor * capacity["rps"]
+    rate_rps = args.rate or args.factor * capacity["rps"]
     rows = []
     for round_ in range(args.rounds):
         for protocol in PROTOCOLS:
@@ -195,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="one round of 5 s points")
     parser.add_argument("--factor", type=float, default=2.0, help="x the rule's capacity")
     parser.add_argument("--slo-ms", type=float, default=100.0)
+    parser.add_argument("--rate", type=float, help="requests/s offered (instead of --factor)")
+    parser.add_argument(
+        "--executor",
+        choices=("onnx", "simulated"),
+        default="onnx",
+        help="ONNX Runtime executors, or a near-zero simulated one (the loop is the limit)",
+    )
     parser.add_argument("--before", help="also a daemon run by this interpreter (another build)")
     parser.add_argument("--json", type=Path, help="default results/v2_overload[-quick].json")
     return parser
@@ -213,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_description(),
         "factor": args.factor,
         "slo_ms": args.slo_ms,
+        "executor": args.executor,
         "duration_s": args.duration_s,
         **found,
         "wall_s": round(time.monotonic() - started, 1),
