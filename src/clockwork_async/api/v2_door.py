@@ -149,6 +149,7 @@ class Door:
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object = None,
         body: Slot | None = None,
+        waited_ns: int = 0,
     ) -> Answer:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
         ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
@@ -156,9 +157,10 @@ class Door:
         arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
         request path (shutting down, over the cap, a bad version or tensors, no room in the
         arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
-        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`)."""
+        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`).
+        ``waited_ns``: how long it waited for the loop after it was read (`Requests.screen`)."""
         target, served_version, reason, placed = self._placed(
-            model, version, slo_ns, nbytes, build, owner, body
+            model, version, slo_ns, nbytes, waited_ns, build, owner, body
         )
         tickets = [_Ticket() for _ in placed]
         futures: list[asyncio.Future[InferOutcome]] = []
@@ -186,6 +188,7 @@ class Door:
         version: str | None,
         slo_ns: int | None,
         nbytes: int,
+        waited_ns: int,
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object,
         body: Slot | None,
@@ -196,7 +199,8 @@ class Door:
         handed = False
         try:
             host = self.host
-            target, served_version, reason = self._screened(model, version, slo_ns, nbytes)
+            screened = self._screened(model, version, slo_ns, nbytes, waited_ns)
+            target, served_version, reason = screened
             inputs: Mapping[str, np.ndarray] = {}
             if reason is None:
                 try:
@@ -215,11 +219,12 @@ class Door:
                 body.release()
 
     def _screened(
-        self, model: str, version: str | None, slo_ns: int | None, nbytes: int
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int
     ) -> tuple[str, int, str | None]:
         """Where a request goes (served name, version) and the dispatcher's screen's refusal
-        (`Requests.screen`, from what is known before its tensors), or None. Raises V2Error
-        (shutting down, over the cap on requests in flight, a version not served)."""
+        (`Requests.screen`, from what is known before its tensors, and how long it waited for
+        the loop after it was read), or None. Raises V2Error (shutting down, over the cap on
+        requests in flight, a version not served)."""
         host = self.host
         if not host.accepting_requests:
             raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
@@ -227,19 +232,21 @@ class Door:
             limit = host.limits.max_outstanding_total
             raise V2Error(Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)")
         target, served_version = self.route(model, version)
-        return target, served_version, host.requests.screen(target, slo_ns, None, nbytes)
+        reason = host.requests.screen(target, slo_ns, None, nbytes, waited_ns)
+        return target, served_version, reason
 
     async def refused_unread(
-        self, model: str, version: str | None, slo_ns: int | None, nbytes: int
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int = 0
     ) -> Answer | None:
         """Screen a request whose body is not parsed yet (HTTP with JSON tensors: parsing is
         most of its cost) from what its head says: ``slo_ns``, the SLO it gives outside its
-        body (None: its model's default SLO), and its body's ``nbytes``. Returns the answer
+        body (None: its model's default SLO), its body's ``nbytes`` and how long it waited
+        for the loop after it was read (``waited_ns``, `Requests.screen`). Returns the answer
         of a request the screen refuses ``overloaded``, refused as `infer` refuses (counted,
         booked as a refusal, answered through the request book); None when it may go on to be
         parsed and to `infer`, which screens it again with the SLO its body gives. Raises
         V2Error as `infer` does before its tensors are built."""
-        target, served_version, reason = self._screened(model, version, slo_ns, nbytes)
+        target, served_version, reason = self._screened(model, version, slo_ns, nbytes, waited_ns)
         if reason is None:
             return None
         refused = self._start(target, {}, slo_ns, reason, nbytes, _Ticket(), None, _nothing)

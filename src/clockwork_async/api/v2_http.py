@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import ssl as ssl_module
+import time
 from collections import deque
 from functools import partial
 from typing import cast
@@ -274,6 +275,7 @@ class _HttpConnection(asyncio.Protocol):
                 self._door.count(error.code)
                 self._write(error_response(error), request, close=True)
                 return
+            request.turn_ns = time.monotonic_ns()  # what it waits from now is the loop's delay
             answer = route(self._door, request)
             if isinstance(answer, HttpResponse):
                 request.release()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -60,6 +61,12 @@ class HttpRequest:
     head_bytes: int = 0
     owner: object = None  # its connection: what its IO arena slots count against
     in_slot: BodyInSlot | None = None  # the body, when read into an IO arena slot instead
+    turn_ns: int | None = None  # when its answer was started (`time.monotonic_ns`)
+
+    def waited_ns(self) -> int:
+        """How long since its answer was started (its task created, its connection's earlier
+        requests answered): its wait for the loop (0 when it was not stamped)."""
+        return 0 if self.turn_ns is None else max(0, time.monotonic_ns() - self.turn_ns)
 
     def body_view(self) -> memoryview:
         """The body, wherever it was read."""
@@ -209,8 +216,9 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
         body = request.body_view()
         json_bytes = _header_bytes(request, body.nbytes)
         head_slo_ns = header_slo_ns(request.headers.get(SLO_HEADER), SLO_HEADER)
+        waited_ns = request.waited_ns()
         if json_bytes == body.nbytes:  # JSON tensors: screened before the body is parsed
-            refused = await door.refused_unread(model, version, head_slo_ns, body.nbytes)
+            refused = await door.refused_unread(model, version, head_slo_ns, body.nbytes, waited_ns)
             if refused is not None:
                 raise V2Error(refused.outcome.outcome.value, refused.outcome.message)
         header = parse_request(body[:json_bytes])
@@ -224,6 +232,7 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
             lambda: build_inputs(header, body[json_bytes:]),
             request.owner,
             request.in_slot.take() if request.in_slot is not None else None,
+            waited_ns,
         )
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):

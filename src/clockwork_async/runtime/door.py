@@ -83,22 +83,28 @@ class Door(DispatcherHoldings):
             return Outcome.BAD_INPUT, str(error)
         return None
 
-    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
+    def _loop_refusal(self, slo_ns: int, now_ns: int, waited_ns: int = 0) -> str | None:
         runtime = self.runtime
-        return self._loop.refusal(
-            slo_ns, now_ns, share=runtime.loop_delay_share, cap_ns=runtime.max_loop_delay_ns
-        )
+        share, cap_ns = runtime.loop_delay_share, runtime.max_loop_delay_ns
+        return self._loop.refusal(slo_ns, now_ns, share=share, cap_ns=cap_ns, waited_ns=waited_ns)
 
     def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        nbytes: int,
+        waited_ns: int = 0,
     ) -> str | None:
         """The door, from a frame's header (`api.service.Requests.screen`): why the loop
-        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
+        cannot take this request (`_loop_refusal`; ``waited_ns``: how long it already waited
+        for the loop, read before its turn), or None. Changes nothing."""
         now_ns = self._now_ns()
-        if self._state is not DispatcherState.RUNNING or not self._loop.delay_ns(now_ns):
+        busy = self._loop.delay_ns(now_ns) or waited_ns
+        if self._state is not DispatcherState.RUNNING or not busy:
             return None  # `submit` answers it shutting_down; an idle loop refuses nothing
         deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
-        return self._loop_refusal(deadline_ns - now_ns, now_ns)
+        return self._loop_refusal(deadline_ns - now_ns, now_ns, waited_ns)
 
     def refuse(
         self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]

@@ -335,11 +335,15 @@ class LoopLane:
         """The predicted cost of admitting a request of ``nbytes`` tensor bytes."""
         return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
 
-    def refusal(self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int) -> str | None:
+    def refusal(
+        self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int, waited_ns: int = 0
+    ) -> str | None:
         """Why a request with ``slo_ns`` to its deadline cannot be taken: the work booked
-        ahead of it runs past ``share`` of that, or past ``cap_ns`` (0: never refuse). An idle
-        loop refuses nothing: what a request cannot meet on its own is the core's to refuse."""
-        delay_ns = self.delay_ns(now_ns)
+        ahead of it, or the time it already waited for the loop (``waited_ns``: read while
+        the loop was busy, before anything was booked for it), runs past ``share`` of that,
+        or past ``cap_ns`` (0: never refuse). An idle loop refuses nothing: what a request
+        cannot meet on its own is the core's to refuse."""
+        delay_ns = max(self.delay_ns(now_ns), waited_ns)
         if not cap_ns or not delay_ns:
             return None
         limit_ns = min(cap_ns, int(share * max(0, slo_ns)))
