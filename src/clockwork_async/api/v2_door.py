@@ -166,7 +166,9 @@ class Door:
         futures: list[asyncio.Future[InferOutcome]] = []
         try:
             for (row, slot, release), ticket in zip(placed, tickets, strict=True):
-                started = self._start(target, row, slo_ns, reason, nbytes, ticket, slot, release)
+                started = self._start(
+                    target, row, slo_ns, reason, nbytes, ticket, slot, release, waited_ns
+                )
                 futures.append(started)
         except BaseException:  # a submit failed (a bug): the rows not started give theirs back
             for _, _, release in placed[len(futures) + 1 :]:
@@ -272,6 +274,7 @@ class Door:
         ticket: _Ticket,
         slot: Slot | None,
         release: Callable[[], None],
+        waited_ns: int = 0,
     ) -> asyncio.Future[InferOutcome]:
         """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
         ``slot``: the arena slot (or part) the row's inputs are in; ``release`` gives it back
@@ -298,7 +301,13 @@ class Door:
         in_slot = {} if slot is None else {"slot": slot}
         try:
             service_id = host.requests.submit(
-                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply, **in_slot
+                target,
+                inputs,
+                slo_ns=slo_ns,
+                deadline_unix_ns=None,
+                on_reply=on_reply,
+                waited_ns=waited_ns,
+                **in_slot,
             )
         except BaseException:
             if not ticket.done:
