@@ -39,7 +39,12 @@ class RefusingRequests:
     """The dispatcher's request path as far as the door uses it: every screen refuses."""
 
     def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        nbytes: int,
+        waited_ns: int = 0,
     ) -> str | None:
         return "the stub refuses everything"
 
