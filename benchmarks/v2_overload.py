@@ -2,7 +2,7 @@
 what the daemon's own loop does when more requests arrive than it can serve.
 
     python -m benchmarks.v2_overload [--quick] [--factor 2] [--slo-ms 100] [--before PYTHON]
-        [--json OUT]
+        [--executor onnx|simulated] [--rate R] [--json OUT]
 
 Model: the ``resnet-like`` demo model (as `benchmarks.peer_ray`: 12 KB float32 rows, about
 62 KB as a JSON ``data`` list), on the daemon's default executors (controller on CPU 0, one
@@ -10,6 +10,10 @@ ONNX Runtime executor pinned to CPU 1). Load: `benchmarks.http_loadgen` (CPU 0, 
 open-loop Poisson at ``--factor`` x the profile rule's capacity at ``--slo-ms``
 (`cpu_serving.rule_capacity`), the SLO in Triton's ``timeout`` request parameter, ``v2-json``
 then ``v2-binary`` bodies, each point on a fresh daemon (one folder: one registration profile).
+With ``--executor simulated`` the model is a 3x224x224 float32 image (about 3 MB as JSON) on
+one near-zero simulated executor (``resnet50-v100`` times x 0.02), so that the daemon's own
+loop is the limit, and the generator runs on the executor's CPU; ``--rate`` sets the offered
+rate.
 
 With ``--before PYTHON`` a daemon run by another install's interpreter (the build to compare
 against) takes every point too, alternating with this one's, so that the machine's load hits

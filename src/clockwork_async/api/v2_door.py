@@ -19,7 +19,9 @@ its tensors into one, so local executors read them by reference.
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
 its outputs are copied out), or before submit when the request is refused; a caller that
-goes away (its task cancelled) cancels its request once; every refusal is a `V2Error`
+goes away (its task cancelled) cancels its request once; a request's wait for the loop before
+its answer started (``waited_ns``: HTTP) reaches the dispatcher's screen and submit with it
+(the loop's measured delay for it; its SLO counts from before it); every refusal is a `V2Error`
 whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
 mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
 of the SLOs a request gives wins.
