@@ -297,7 +297,10 @@ class LoopLane:
     heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
     (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
     ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
-    (its measured lag) is not booked as work ahead: it is over once it was measured.
+    (its measured lag) is not booked as work ahead: it is over once it was measured. A request
+    that already waited for the loop before its door (an HTTP request read while the loop was
+    busy: work no booking saw, such as parsing JSON bodies ahead of it) brings that wait as the
+    loop's delay for it (`refusal`'s ``waited_ns``).
 
     Invariant: ``delay_ns`` >= 0; a refusal books only the refusal's cost, so a loop that is
     behind still answers at the rate it can refuse.
