@@ -19,9 +19,10 @@ its tensors into one, so local executors read them by reference.
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
 its outputs are copied out), or before submit when the request is refused; a caller that
-goes away (its task cancelled) cancels its request once; a request's wait for the loop before
-its answer started (``waited_ns``: HTTP) reaches the dispatcher's screen and submit with it
-(the loop's measured delay for it; its SLO counts from before it); every refusal is a `V2Error`
+goes away (its task cancelled) cancels its request once; an HTTP request's wait for the loop
+after its answer started (``waited_ns``) reaches the submit (its SLO counts from before it)
+and, for JSON tensors, the screen before the parse (the loop's measured delay for it, where a
+refusal saves the parse); every refusal is a `V2Error`
 whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
 mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
 of the SLOs a request gives wins.
@@ -160,9 +161,12 @@ class Door:
         request path (shutting down, over the cap, a bad version or tensors, no room in the
         arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
         the request's body was read into (HTTP), taken over (`v2_arena.into_slots`).
-        ``waited_ns``: how long it waited for the loop after it was read (`Requests.screen`)."""
+        ``waited_ns``: how long it waited for the loop after its answer started: its SLO
+        counts from before it (`Requests.submit`); the screen here judges the loop by the work
+        booked ahead alone, as for every front end (the wait has been paid; what a refusal
+        would save now is little: its tensors are built)."""
         target, served_version, reason, placed = self._placed(
-            model, version, slo_ns, nbytes, waited_ns, build, owner, body
+            model, version, slo_ns, nbytes, build, owner, body
         )
         tickets = [_Ticket() for _ in placed]
         futures: list[asyncio.Future[InferOutcome]] = []
@@ -192,7 +196,6 @@ class Door:
         version: str | None,
         slo_ns: int | None,
         nbytes: int,
-        waited_ns: int,
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object,
         body: Slot | None,
@@ -203,8 +206,7 @@ class Door:
         handed = False
         try:
             host = self.host
-            screened = self._screened(model, version, slo_ns, nbytes, waited_ns)
-            target, served_version, reason = screened
+            target, served_version, reason = self._screened(model, version, slo_ns, nbytes)
             inputs: Mapping[str, np.ndarray] = {}
             if reason is None:
                 try:
@@ -223,7 +225,7 @@ class Door:
                 body.release()
 
     def _screened(
-        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int = 0
     ) -> tuple[str, int, str | None]:
         """Where a request goes (served name, version) and the dispatcher's screen's refusal
         (`Requests.screen`, from what is known before its tensors, and how long it waited for
@@ -245,7 +247,9 @@ class Door:
         """Screen a request whose body is not parsed yet (HTTP with JSON tensors: parsing is
         most of its cost) from what its head says: ``slo_ns``, the SLO it gives outside its
         body (None: its model's default SLO), its body's ``nbytes`` and how long it waited
-        for the loop after it was read (``waited_ns``, `Requests.screen`). Returns the answer
+        for the loop after its answer started (``waited_ns``, `Requests.screen`: a wait the
+        work booked ahead does not show, as JSON bodies parsed before their door are not
+        booked). Returns the answer
         of a request the screen refuses ``overloaded``, refused as `infer` refuses (counted,
         booked as a refusal, answered through the request book); None when it may go on to be
         parsed and to `infer`, which screens it again with the SLO its body gives. Raises
