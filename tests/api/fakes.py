@@ -68,9 +68,7 @@ class FakeService:
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
         slot: object = None,
-        waited_ns: int = 0,
     ) -> int:
-        self.waits_ns.append(waited_ns)
         if model == "boom":
             raise RuntimeError("the fake service broke")
         self._next_id += 1

@@ -123,9 +123,7 @@ async def test_a_bad_head_slo_is_bad_input(http: Front, value: str) -> None:
     assert not http.service.submitted and http.answers == [("http", "bad_input")]
 
 
-async def test_the_wait_since_its_turn_goes_to_the_first_screen_and_the_submit(
-    http: Front,
-) -> None:
+async def test_the_wait_since_its_turn_goes_to_the_screen_before_the_parse(http: Front) -> None:
     body = infer_body([1, 2, 3, 4], parameters={"slo_ms": 30})
     url = bytearray(INFER.format("echo").encode())
     turn_ns = time.monotonic_ns() - 50 * MS_NS  # its task waited 50 ms for the loop
@@ -134,16 +132,16 @@ async def test_the_wait_since_its_turn_goes_to_the_first_screen_and_the_submit(
     assert response.status == 200
     service = http.service
     assert len(service.screens) == 2 and len(service.submitted) == 1
-    before_parse, after_parse, submit = service.waits_ns
+    before_parse, after_parse = service.waits_ns
     # the screen before the parse judges the loop by the wait too (a refusal saves the parse),
-    # the one after it by the work booked ahead alone; the submit counts the SLO from before it
-    assert before_parse == submit and 50 * MS_NS <= submit < 10_000 * MS_NS
-    assert after_parse == 0
+    # the one after it by the work booked ahead alone, as every front end's
+    assert 50 * MS_NS <= before_parse < 10_000 * MS_NS and after_parse == 0
+    assert service.submitted[0].slo_ns == 30 * MS_NS  # an admitted one's SLO: from the door
 
 
 async def test_a_request_read_from_a_socket_is_stamped_at_its_turn(http: Front) -> None:
     conn = await connect(http)
     reply = await conn.ask(request("POST", INFER.format("echo"), infer_body([1, 2, 3, 4])))
     assert reply.status == 200
-    before_parse, after_parse, submit = http.service.waits_ns
-    assert before_parse == submit > 0 and after_parse == 0  # stamped: a wait of some ns
+    before_parse, after_parse = http.service.waits_ns
+    assert before_parse > 0 and after_parse == 0  # stamped: a wait of some ns

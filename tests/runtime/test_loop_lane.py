@@ -134,7 +134,7 @@ def test_a_requests_wait_for_the_loop_is_its_measured_delay() -> None:
     assert lane.refusal(slo_ns, 0, share=share, cap_ns=0, waited_ns=60 * MS) is None  # cap 0
 
 
-async def test_an_slo_counts_from_before_the_requests_wait_for_the_loop() -> None:
+async def test_a_screens_slo_counts_from_before_the_requests_wait_for_the_loop() -> None:
     now = [1_000 * MS]
     dispatcher = Dispatcher(ControllerConfig(), now_ns=lambda: now[0], unix_now_ns=lambda: 0)
     dispatcher.add_model(_model())
@@ -148,18 +148,4 @@ async def test_an_slo_counts_from_before_the_requests_wait_for_the_loop() -> Non
     assert dispatcher._deadline_ns("a", None, 2 * MS, now[0], waited_ns=5 * MS) == now[0] + 2 * MS
     assert dispatcher._deadline_ns("a", 30 * MS, None, now[0], waited_ns=5 * MS) == now[0] + 25 * MS
     assert dispatcher._deadline_ns("a", None, None, now[0], waited_ns=5 * MS) == now[0] + 95 * MS
-    ids = []
-    for waited_ns in (0, 5 * MS):
-        ids.append(
-            dispatcher.submit(
-                "a",
-                _row(),
-                slo_ns=30 * MS,
-                deadline_unix_ns=None,
-                on_reply=print,
-                waited_ns=waited_ns,
-            )
-        )
-    deadlines = [dispatcher.book.request(i).deadline_ns for i in ids]  # type: ignore[union-attr]
-    assert deadlines == [now[0] + 30 * MS, now[0] + 25 * MS]
     dispatcher.close()

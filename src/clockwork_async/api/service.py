@@ -95,14 +95,12 @@ class Requests(Protocol):
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
         slot: Slot | None = None,
-        waited_ns: int = 0,
     ) -> int:
         """Accept a request that arrived now (one row per input). At most one of ``slo_ns``
         (relative to now) and ``deadline_unix_ns`` is set; neither means the model's default
         SLO. Returns the request's id; ``on_reply`` is called exactly once, possibly before
         this returns. ``slot``: the IO arena slot its inputs were read into (the caller
-        releases it after ``on_reply``; outputs may be views of it). ``waited_ns``: how long
-        it already waited for the loop (`screen`): an SLO counts from before that wait."""
+        releases it after ``on_reply``; outputs may be views of it)."""
         ...
 
     def screen(

@@ -249,7 +249,7 @@ class ApiSession:
             replies = [join.on_row(index) for index in range(len(rows))]
             slots = [None if slot is None else slot.part() for _ in rows]
         for row, row_reply, row_slot in zip(rows, replies, slots, strict=True):
-            in_slot: dict[str, Any] = {} if row_slot is None else {"slot": row_slot}  # no arena
+            in_slot = {} if row_slot is None else {"slot": row_slot}  # no arena: none
             service_id = self._requests.submit(
                 model,
                 row,

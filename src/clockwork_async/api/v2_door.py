@@ -20,9 +20,9 @@ Invariants: every row the door accepts is counted in the host's ``outstanding`` 
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
 its outputs are copied out), or before submit when the request is refused; a caller that
 goes away (its task cancelled) cancels its request once; an HTTP request's wait for the loop
-after its answer started (``waited_ns``) reaches the submit (its SLO counts from before it)
-and, for JSON tensors, the screen before the parse (the loop's measured delay for it, where a
-refusal saves the parse); every refusal is a `V2Error`
+after its answer started (``waited_ns``) reaches the screen before a JSON body's parse (the
+loop's measured delay for it, where a refusal saves the parse) and nothing else; every
+refusal is a `V2Error`
 whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
 mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
 of the SLOs a request gives wins.
@@ -152,7 +152,6 @@ class Door:
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object = None,
         body: Slot | None = None,
-        waited_ns: int = 0,
     ) -> Answer:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
         ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
@@ -160,11 +159,7 @@ class Door:
         arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
         request path (shutting down, over the cap, a bad version or tensors, no room in the
         arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
-        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`).
-        ``waited_ns``: how long it waited for the loop after its answer started: its SLO
-        counts from before it (`Requests.submit`); the screen here judges the loop by the work
-        booked ahead alone, as for every front end (the wait has been paid; what a refusal
-        would save now is little: its tensors are built)."""
+        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`)."""
         target, served_version, reason, placed = self._placed(
             model, version, slo_ns, nbytes, build, owner, body
         )
@@ -172,9 +167,7 @@ class Door:
         futures: list[asyncio.Future[InferOutcome]] = []
         try:
             for (row, slot, release), ticket in zip(placed, tickets, strict=True):
-                started = self._start(
-                    target, row, slo_ns, reason, nbytes, ticket, slot, release, waited_ns
-                )
+                started = self._start(target, row, slo_ns, reason, nbytes, ticket, slot, release)
                 futures.append(started)
         except BaseException:  # a submit failed (a bug): the rows not started give theirs back
             for _, _, release in placed[len(futures) + 1 :]:
@@ -280,7 +273,6 @@ class Door:
         ticket: _Ticket,
         slot: Slot | None,
         release: Callable[[], None],
-        waited_ns: int = 0,
     ) -> asyncio.Future[InferOutcome]:
         """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
         ``slot``: the arena slot (or part) the row's inputs are in; ``release`` gives it back
@@ -307,13 +299,7 @@ class Door:
         in_slot = {} if slot is None else {"slot": slot}
         try:
             service_id = host.requests.submit(
-                target,
-                inputs,
-                slo_ns=slo_ns,
-                deadline_unix_ns=None,
-                on_reply=on_reply,
-                waited_ns=waited_ns,
-                **in_slot,
+                target, inputs, slo_ns=slo_ns, deadline_unix_ns=None, on_reply=on_reply, **in_slot
             )
         except BaseException:
             if not ticket.done:

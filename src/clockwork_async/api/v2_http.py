@@ -8,8 +8,8 @@ bytes, keeps the connections and their timers.
 Invariants: a connection serves one request at a time, in order (pipelined ones wait, and the
 socket is not read while one waits or the client does not read its replies; it is read while
 a request is answered, so a client that goes away cancels it at once); a request's answer is
-stamped when it starts (``HttpRequest.turn_ns``: what it waits from then, the loop's delay,
-counts against its SLO); a
+stamped when it starts (``HttpRequest.turn_ns``: what it waits from then is the loop's
+measured delay for it, judged at the door before a JSON body is parsed); a
 request's head and body must arrive within ``request_timeout_s`` of its first byte (else 408
 and close) and a kept-alive connection with no request is closed after ``idle_timeout_s``; a
 body over ``max_body_bytes`` is refused 413, from its Content-Length before it is read where

@@ -232,7 +232,6 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
             lambda: build_inputs(header, body[json_bytes:]),
             request.owner,
             request.in_slot.take() if request.in_slot is not None else None,
-            waited_ns,
         )
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):

@@ -104,12 +104,10 @@ class Dispatcher(Door, LaneReservations):
         deadline_unix_ns: int | None,
         on_reply: Callable[[InferOutcome], None],
         slot: Slot | None = None,
-        waited_ns: int = 0,
     ) -> int:
-        """Accept a request that arrived now (``waited_ns`` after its wait for the loop
-        began), due ``slo_ns`` from that, at ``deadline_unix_ns`` (Unix time) or after its
-        model's default SLO (`api.service.Requests.submit`)."""
-        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns(), waited_ns)
+        """Accept a request that arrived now, due ``slo_ns`` from now, at ``deadline_unix_ns``
+        (Unix time) or after its model's default SLO (`api.service.Requests.submit`)."""
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, self._now_ns())
         return self.submit_by(model, inputs, deadline_ns=deadline_ns, on_reply=on_reply, slot=slot)
 
     def submit_by(

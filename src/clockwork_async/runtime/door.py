@@ -15,9 +15,10 @@ Invariants:
 - A request's deadline is resolved in one place (`_deadline_ns`), for `submit` and `screen`
   alike: its Unix deadline if it has one, else its SLO, else its model's default SLO (a
   bucketed model's: its largest bucket's; `DEFAULT_SLO_NS` for a model that is not served:
-  it is refused anyway); an SLO counts from before the time the request already waited for
-  the loop (``waited_ns``: an HTTP request whose answer's task had to wait its turn), which
-  is also the loop's measured delay for it (`LoopLane.refusal`).
+  it is refused anyway). `screen` may be told how long the request already waited for the
+  loop (``waited_ns``: an HTTP request with JSON tensors, screened before its parse): its SLO
+  then counts from before that wait, which is also the loop's measured delay for it
+  (`LoopLane.refusal`); an admitted request's deadline counts from `submit`, as every one's.
 - A request for a model that is not bucketed never enters runtime/buckets.py.
 """
 
