@@ -222,7 +222,7 @@ class Door:
     ) -> tuple[str, int, str | None]:
         """Where a request goes (served name, version) and the dispatcher's screen's refusal
         (`Requests.screen`, from what is known before its tensors, and how long it waited for
-        the loop after it was read), or None. Raises V2Error (shutting down, over the cap on
+        the loop after its answer started), or None. Raises V2Error (shutting down, over the cap on
         requests in flight, a version not served)."""
         host = self.host
         if not host.accepting_requests:
@@ -242,11 +242,10 @@ class Door:
         body (None: its model's default SLO), its body's ``nbytes`` and how long it waited
         for the loop after its answer started (``waited_ns``, `Requests.screen`: a wait the
         work booked ahead does not show, as JSON bodies parsed before their door are not
-        booked). Returns the answer
-        of a request the screen refuses ``overloaded``, refused as `infer` refuses (counted,
-        booked as a refusal, answered through the request book); None when it may go on to be
-        parsed and to `infer`, which screens it again with the SLO its body gives. Raises
-        V2Error as `infer` does before its tensors are built."""
+        booked). Returns the answer of a request the screen refuses ``overloaded``, refused
+        as `infer` refuses (counted, booked as a refusal, answered through the request book);
+        None when it may go on to be parsed and to `infer`, which screens it again with the
+        SLO its body gives. Raises V2Error as `infer` does before its tensors are built."""
         target, served_version, reason = self._screened(model, version, slo_ns, nbytes, waited_ns)
         if reason is None:
             return None

@@ -107,7 +107,8 @@ class Door(DispatcherHoldings):
     ) -> str | None:
         """The door, from a frame's header (`api.service.Requests.screen`): why the loop
         cannot take this request (`_loop_refusal`; ``waited_ns``: how long it already waited
-        for the loop, read before its turn), or None. Changes nothing."""
+        for the loop after it was read, its SLO counting from before), or None. Changes
+        nothing."""
         now_ns = self._now_ns()
         busy = self._loop.delay_ns(now_ns) or waited_ns
         if self._state is not DispatcherState.RUNNING or not busy:
