@@ -1,6 +1,6 @@
 """The door screens an HTTP infer with JSON tensors before its body is parsed
-(`api.v2_door.Door.refused_unread`): from the SLO its head gives (``clockwork-slo-ms``) or its
-model's default, with its body's size. A request the screen refuses is answered ``overloaded``
+(`api.v2_door.Door.refused_unread`): from the SLO its head gives (``clockwork-slo-ms``), else
+the longest a body may ask for, with its body's size. A request the screen refuses is answered ``overloaded``
 (429) without its JSON parsed; one it lets through is parsed and screened again with the SLO
 its body gives, the earliest SLO winning, exactly as before. Binary-extension requests (a small
 JSON header) are parsed first, as before. Over the fake service, whose screen refuses the model
@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from clockwork_async.api import v2_routes
+from clockwork_async.api.v2_door import UNREAD_SLO_NS
 from clockwork_async.api.v2_tensors import RequestHeader
 
 from .fakes import FakeService
@@ -56,7 +57,8 @@ async def test_a_refused_json_request_is_answered_without_its_body_parsed(
     assert reply.status == 429 and reply.headers["retry-after"] == "1"
     assert reply.json() == {"error": "overloaded: the fake is overloaded"}
     assert parses == []  # a parse would have answered 400
-    assert http.service.screens == [("door", None, len(not_json))]  # the model's default SLO
+    # Its head gives no SLO: the longest a body may ask for (only the loop's cap refuses).
+    assert http.service.screens == [("door", UNREAD_SLO_NS, len(not_json))]
     assert http.service.screened == [("door", len(not_json))] and not http.service.submitted
     assert http.answers == [("http", "overloaded")]
     assert http.api.outstanding == 0
@@ -74,7 +76,7 @@ async def test_the_head_slo_is_the_screen_slo(http: Front, parses: list[int]) ->
     ("head_ms", "body", "slo_ns"),
     [
         (None, {}, None),  # neither: the model's default SLO
-        (None, {"slo_ms": 30}, 30 * MS_NS),  # the body's, though screened with the default
+        (None, {"slo_ms": 30}, 30 * MS_NS),  # the body's, screened first with the longest
         ("50", {"timeout": 30_000}, 30 * MS_NS),  # the earliest: the body's
         ("10", {"slo_ms": 30}, 10 * MS_NS),  # the earliest: the head's
         ("12.5", {}, 12_500_000),
@@ -94,7 +96,7 @@ async def test_an_admitted_json_request_keeps_the_earliest_slo(
     assert parses == [len(data)]
     (submitted,) = http.service.submitted
     assert submitted.slo_ns == slo_ns
-    head_slo_ns = None if head_ms is None else round(float(head_ms) * MS_NS)
+    head_slo_ns = UNREAD_SLO_NS if head_ms is None else round(float(head_ms) * MS_NS)
     # screened twice: before the parse (the head's SLO) and after it (the request's own)
     assert http.service.screens == [("echo", head_slo_ns, len(data)), ("echo", slo_ns, len(data))]
 

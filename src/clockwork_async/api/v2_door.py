@@ -9,8 +9,8 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; an HTTP request with JSON tensors, whose parse is most of its cost, is screened
-once before its body is parsed (`Door.refused_unread`, with the SLO its head gives or its
-model's default) and again, as every request, with the SLO its body gives; a client batch
+once before its body is parsed (`Door.refused_unread`, with the SLO its head gives, else
+only against the loop's cap) and again, as every request, with the SLO its body gives; a client batch
 of N rows is submitted as N requests and answered as one (`api.rows`, as the msgpack session
 does). Where the daemon has an IO arena, each row's
 tensors are copied once into a slot of their own (`api.v2_arena`), as the msgpack API reads
@@ -42,7 +42,7 @@ import numpy as np
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, RequestHost, ServerCaps, ServiceError
-from clockwork_async.api.session import MAX_SLO_MS, route_to, slo_ms_to_ns
+from clockwork_async.api.session import MAX_DEADLINE_DISTANCE_NS, MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_arena import Placed, detach, into_slots
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
@@ -56,6 +56,9 @@ NS_PER_US = 1_000
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 READY_STATES = frozenset({"ready", "loaded"})
+# The screen's SLO for a JSON request whose head gives none (`Door.refused_unread`): the
+# longest a body may ask for, so that only the loop's cap (`max_loop_delay_ns`) refuses it.
+UNREAD_SLO_NS = MAX_DEADLINE_DISTANCE_NS
 # The daemon's model states (`list_models`) as the repository index's; any other (failed,
 # cancelled, unloaded) is UNAVAILABLE.
 INDEX_STATE = {
@@ -239,13 +242,16 @@ class Door:
     ) -> Answer | None:
         """Screen a request whose body is not parsed yet (HTTP with JSON tensors: parsing is
         most of its cost) from what its head says: ``slo_ns``, the SLO it gives outside its
-        body (None: its model's default SLO), its body's ``nbytes`` and how long it waited
+        body (None: not known before the parse, so the longest a body may ask for, and only
+        the loop's cap refuses it: its body may ask for longer than its model's default),
+        its body's ``nbytes`` and how long it waited
         for the loop after its answer started (``waited_ns``, `Requests.screen`: a wait the
         work booked ahead does not show, as JSON bodies parsed before their door are not
         booked). Returns the answer of a request the screen refuses ``overloaded``, refused
         as `infer` refuses (counted, booked as a refusal, answered through the request book);
         None when it may go on to be parsed and to `infer`, which screens it again with the
         SLO its body gives. Raises V2Error as `infer` does before its tensors are built."""
+        slo_ns = UNREAD_SLO_NS if slo_ns is None else slo_ns
         target, served_version, reason = self._screened(model, version, slo_ns, nbytes, waited_ns)
         if reason is None:
             return None
