@@ -25,7 +25,9 @@ the rest is other processes, e.g. other users of a shared VM). Writes
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +40,7 @@ from typing import Any
 
 from benchmarks.cpu_serving import MODEL, rule_capacity
 from benchmarks.lib import (
+    GENERATOR_NICE,
     RESULTS,
     DaemonProcess,
     ModelFolder,
@@ -68,6 +71,30 @@ class Plan:
     saturation_s: float = 4.0
     slo_multiple: float = 10.0
     load: float = 2.0
+    disturb: tuple[str, ...] = ("none",)  # `DISTURBANCES` cycled through in every round
+    generator_nice: tuple[int, ...] = (GENERATOR_NICE,)  # likewise, the generator's nice
+
+
+# A disturbance: a process pinned to one CPU at nice 0 that is busy HOG_BUSY_MS of every
+# HOG_PERIOD_MS for the run (what another user's test run does to a shared 2-vCPU VM), on the
+# controller's and generator's CPU 0 or on the executor's CPU 1.
+DISTURBANCES = {"none": None, "cpu0": 0, "cpu1": 1}
+HOG_BUSY_MS, HOG_PERIOD_MS = 5.0, 10.0
+HOG_CODE = """
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+busy_s, period_s = float(sys.argv[2]) / 1e3, float(sys.argv[3]) / 1e3
+while (now := time.monotonic()) < end:
+    while time.monotonic() < now + busy_s:
+        pass
+    time.sleep(period_s - busy_s)
+"""
+
+
+def start_hog(cpu: int, seconds: float) -> subprocess.Popen[bytes]:
+    """The disturbance on ``cpu`` for ``seconds``."""
+    argv = [sys.executable, "-c", HOG_CODE, str(seconds), str(HOG_BUSY_MS), str(HOG_PERIOD_MS)]
+    return subprocess.Popen(argv, preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
 
 
 # --- where the CPU went --------------------------------------------------------------------------
@@ -184,6 +211,8 @@ def one_run(
     slo_ms: float,
     plan: Plan,
     seed: int,
+    disturb: str = "none",
+    nice: int = GENERATOR_NICE,
 ) -> dict[str, Any]:
     import json
 
@@ -193,7 +222,15 @@ def one_run(
     before = run_uvloop(daemon_stats(daemon.api))
     cpus_before, ours_before = cpu_busy_ticks(), tree_ticks([daemon.pid])
     started = time.monotonic()
-    summary = run_bench(daemon.api, folder / f"{name}-{seed}.json", flags)
+    cpu = DISTURBANCES[disturb]
+    hog = start_hog(cpu, plan.point_s + 1.0) if cpu is not None else None
+    try:
+        out = folder / f"{name}-{seed}-{disturb}-{nice}.json"
+        summary = run_bench(daemon.api, out, flags, nice=nice)
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
     wall_s = time.monotonic() - started
     cpus_after, ours_after = cpu_busy_ticks(), tree_ticks([daemon.pid])
     after = run_uvloop(daemon_stats(daemon.api))
@@ -204,6 +241,8 @@ def one_run(
     return {
         "system": name,
         "seed": seed,
+        "disturb": disturb,
+        "generator_nice": nice,
         **analyse_rows(rows, slo_ms, plan.point_s),
         "bench": {"send": summary["send"], "client": summary["client"]},
         "daemon": stats_delta(before, after),
@@ -260,12 +299,24 @@ def run(plan: Plan, root: Path) -> dict[str, Any]:
         runs = []
         for index in range(plan.rounds):
             order = SYSTEMS if index % 2 == 0 else SYSTEMS[::-1]
-            for system in order:
-                found = one_run(
-                    daemons[system], root / system, system, rate_rps, slo_ms, plan, 100 + index
-                )
-                runs.append(found)
-                print(line(found), file=sys.stderr, flush=True)
+            variants = [(d, n) for d in plan.disturb for n in plan.generator_nice]
+            if index % 2:
+                variants.reverse()
+            for disturb, nice in variants:
+                for system in order:
+                    found = one_run(
+                        daemons[system],
+                        root / system,
+                        system,
+                        rate_rps,
+                        slo_ms,
+                        plan,
+                        100 + index,
+                        disturb,
+                        nice,
+                    )
+                    runs.append(found)
+                    print(line(found), file=sys.stderr, flush=True)
     finally:
         for daemon in daemons.values():
             daemon.stop()
@@ -283,7 +334,9 @@ def line(found: Mapping[str, Any]) -> str:
     """One run in a line."""
     statuses, cpu, daemon = found["statuses"], found["cpu"], found["daemon"]
     return (
-        f"  {found['system']:>14} seed {found['seed']}: in SLO {found['in_slo_rps']:7.1f}/s "
+        f"  {found['system']:>14} {found['disturb']:>4} nice {found['generator_nice']:>2} "
+        f"seed {found['seed']}: in SLO "
+        f"{found['in_slo_rps']:7.1f}/s "
         f"infeasible {statuses.get('infeasible', 0):5} overloaded "
         f"{statuses.get('overloaded', 0):4} dropped {statuses.get('dropped', 0):4} late "
         f"{statuses.get('late', 0):4} | batch {found['ok_mean_batch']:5.2f} exec p50 "
@@ -352,13 +405,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--point-s", type=float, default=Plan.point_s)
     parser.add_argument("--slo-multiple", type=float, default=Plan.slo_multiple)
     parser.add_argument("--load", type=float, default=Plan.load)
+    parser.add_argument(
+        "--disturb",
+        default="none",
+        help=f"comma-separated, cycled in every round: {', '.join(DISTURBANCES)}",
+    )
+    parser.add_argument(
+        "--generator-nice",
+        default=str(GENERATOR_NICE),
+        help="comma-separated nice levels of the generator, cycled in every round",
+    )
     parser.add_argument("--json", type=Path, help="default results/overload_ab.json")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    plan = Plan(args.rounds, args.point_s, Plan.saturation_s, args.slo_multiple, args.load)
+    disturb = tuple(args.disturb.split(","))
+    if unknown := set(disturb) - set(DISTURBANCES):
+        raise SystemExit(f"--disturb: unknown {sorted(unknown)}")
+    nice = tuple(int(n) for n in args.generator_nice.split(","))
+    plan = Plan(
+        args.rounds, args.point_s, Plan.saturation_s, args.slo_multiple, args.load, disturb, nice
+    )
     path = args.json or RESULTS / "overload_ab.json"
     with tempfile.TemporaryDirectory(prefix="clockwork-overload-ab-") as name:
         result = {

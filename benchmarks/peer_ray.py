@@ -60,6 +60,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -83,6 +84,7 @@ from benchmarks.lib import (
     write_report,
 )
 from benchmarks.peer_report import goals, markdown, print_tables, write_plot
+from clockwork_async.bench import send_verdict
 
 CAPACITY_SLO_MS = 100.0
 SATURATION_FACTOR = 1.5
@@ -112,6 +114,7 @@ TUNING = (
     ("thread", 1, 0.0),
 )
 SETTLE_S = 1.0  # after a Ray run: cancelled requests drain before the next
+UNSENT_LAG_US = 10**12  # a request the generator never sent: later than any budget
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,8 @@ def our_row(point: Point, system: str, summary: dict[str, Any]) -> dict[str, Any
             "errors": summary["errors"],
         },
         "send_lag_p99_ms": summary["send"]["lag_ms"].get("p99"),
+        "send_late_share": summary["send"].get("late_share"),
+        "generator_behind": summary["send"].get("behind"),
     }
 
 
@@ -338,6 +343,7 @@ def http_row(
     429 for a refusal) or a handle result before the cancel at the SLO;
     ``ok_after_slo_client`` = those the client received after the SLO."""
     summary = summarize_rows(result["rows"], duration_s)
+    verdict = http_send_verdict(result["rows"], point.slo_ms)
     return {
         "system": system,
         "point": point.label,
@@ -357,7 +363,20 @@ def http_row(
         "marked_late": None,
         "outcomes": summary["statuses"],
         "send_lag_p99_ms": summary["send_lag_ms"]["p99"],
+        "send_late_share": verdict["late_share"],
+        "generator_behind": verdict["behind"],
     }
+
+
+def http_send_verdict(rows: dict[str, Any], slo_ms: float) -> dict[str, Any]:
+    """`clockwork_async.bench.send_verdict` over `http_loadgen` rows: a request it did not
+    send (``behind``, ``not_sent``) counts as one that left too late."""
+    unsent = ("behind", "not_sent")
+    lag_us = Counter(
+        lag_ns // 1000 if status not in unsent else UNSENT_LAG_US
+        for lag_ns, status in zip(rows["lag_ns"], rows["status"], strict=True)
+    )
+    return send_verdict(lag_us, slo_ms)
 
 
 def run_ray(
