@@ -38,6 +38,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.cpu_serving import MODEL, rule_capacity
 from benchmarks.lib import (
     GENERATOR_NICE,
@@ -61,6 +63,14 @@ from benchmarks.peer_ray import CAPACITY_SLO_MS, CONTROLLERS, SATURATION_FACTOR
 NS_PER_MS = 1_000_000
 NS_PER_S = 1_000_000_000
 SYSTEMS = ("clockwork", "clockwork-warm")
+# Beside peer_ray's systems, the clockwork policy predicting a lower percentile of its window
+# of 10 measured durations (the default 99th is the window's largest: one slow run among the
+# last 10, e.g. while another process had the executor's CPU, sets the prediction).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    **CONTROLLERS,
+    "clockwork-p90": ("clockwork", {"percentile": 90.0}),
+    "clockwork-p50": ("clockwork", {"percentile": 50.0}),
+}
 TICKS_PER_S = 100  # USER_HZ: /proc/stat and /proc/PID/stat count in these
 
 
@@ -73,6 +83,8 @@ class Plan:
     load: float = 2.0
     disturb: tuple[str, ...] = ("none",)  # `DISTURBANCES` cycled through in every round
     generator_nice: tuple[int, ...] = (GENERATOR_NICE,)  # likewise, the generator's nice
+    shapes: tuple[str, ...] = ("poisson",)  # likewise, `SHAPES`
+    systems: tuple[str, ...] = SYSTEMS
 
 
 # A disturbance: a process pinned to one CPU at nice 0 that is busy HOG_BUSY_MS of every
@@ -89,6 +101,53 @@ while (now := time.monotonic()) < end:
         pass
     time.sleep(period_s - busy_s)
 """
+
+
+# The arrivals' shape: ``poisson`` = bench's own Poisson schedule (``--rate``); ``smooth`` =
+# the same kind of schedule written to a per-request log and replayed (``--replay``);
+# ``stalled`` = that log as a generator that stalls for STALL_MS of every STALL_PERIOD_MS
+# would send it (`stalled_ns`: what a generator starved of its CPU does), replayed likewise.
+# smooth against stalled isolates the effect of the generator's bursts on the daemon.
+SHAPES = ("poisson", "smooth", "stalled")
+STALL_PERIOD_MS, STALL_MS = 100.0, 20.0
+
+
+def stalled_ns(times_ns: Sequence[int], period_ns: int, stall_ns: int) -> list[int]:
+    """Send times of a generator that stalls for the first ``stall_ns`` of every
+    ``period_ns`` and then sends at once what fell due meanwhile."""
+    return [t if t % period_ns >= stall_ns else t - t % period_ns + stall_ns for t in times_ns]
+
+
+def poisson_times_ns(rate_rps: float, duration_s: float, seed: int) -> list[int]:
+    """A Poisson schedule (ns from 0) of ``rate_rps`` over ``duration_s``."""
+    rng = np.random.default_rng(seed)
+    count = rng.poisson(rate_rps * duration_s)
+    return sorted(int(t) for t in rng.uniform(0, duration_s * NS_PER_S, count))
+
+
+def write_schedule(path: Path, times_ns: Sequence[int], model: str) -> Path:
+    """A per-request log (`clockwork_async.sim.replay`'s format) of ``times_ns``. A replay
+    counts from its first row, so the first request is moved to 0: the others keep their
+    times (and a stalled schedule its phase)."""
+    rows = [0, *times_ns[1:]] if times_ns else []
+    lines = ["timestamp_ms,model", *(f"{t / NS_PER_MS:.6f},{model}" for t in rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def shape_flags(
+    shape: str, folder: Path, rate_rps: float, duration_s: float, seed: int
+) -> list[str]:
+    """bench flags for one run's arrivals of ``shape`` (`SHAPES`)."""
+    if shape == "poisson":
+        return ["--rate", f"{rate_rps:.3f}"]
+    times_ns = poisson_times_ns(rate_rps, duration_s, seed)
+    if shape == "stalled":
+        times_ns = stalled_ns(
+            times_ns, round(STALL_PERIOD_MS * NS_PER_MS), round(STALL_MS * NS_PER_MS)
+        )
+    path = write_schedule(folder / f"schedule-{shape}-{seed}.csv", times_ns, MODEL)
+    return ["--replay", str(path)]
 
 
 def start_hog(cpu: int, seconds: float) -> subprocess.Popen[bytes]:
@@ -213,11 +272,13 @@ def one_run(
     seed: int,
     disturb: str = "none",
     nice: int = GENERATOR_NICE,
+    shape: str = "poisson",
 ) -> dict[str, Any]:
     import json
 
     rows_path = folder / f"{name}-{seed}-rows.json"
-    flags = ["--model", MODEL, "--rate", f"{rate_rps:.3f}", "--duration-s", str(plan.point_s)]
+    flags = ["--model", MODEL, *shape_flags(shape, folder, rate_rps, plan.point_s, seed)]
+    flags += ["--duration-s", str(plan.point_s)]
     flags += ["--slo-ms", str(slo_ms), "--seed", str(seed), "--rows", str(rows_path)]
     before = run_uvloop(daemon_stats(daemon.api))
     cpus_before, ours_before = cpu_busy_ticks(), tree_ticks([daemon.pid])
@@ -225,7 +286,7 @@ def one_run(
     cpu = DISTURBANCES[disturb]
     hog = start_hog(cpu, plan.point_s + 1.0) if cpu is not None else None
     try:
-        out = folder / f"{name}-{seed}-{disturb}-{nice}.json"
+        out = folder / f"{name}-{seed}-{disturb}-{nice}-{shape}.json"
         summary = run_bench(daemon.api, out, flags, nice=nice)
     finally:
         if hog is not None:
@@ -243,6 +304,7 @@ def one_run(
         "seed": seed,
         "disturb": disturb,
         "generator_nice": nice,
+        "shape": shape,
         **analyse_rows(rows, slo_ms, plan.point_s),
         "bench": {"send": summary["send"], "client": summary["client"]},
         "daemon": stats_delta(before, after),
@@ -260,16 +322,19 @@ def one_run(
 # --- the experiment ------------------------------------------------------------------------------
 
 
-def start_pair(root: Path, model: dict[str, ModelFolder]) -> dict[str, DaemonProcess]:
-    """Both daemons, b on a's registration profile (copied before b starts)."""
+def start_daemons(
+    root: Path, model: dict[str, ModelFolder], systems: Sequence[str]
+) -> dict[str, DaemonProcess]:
+    """A daemon per system, the others on the first's registration profile (copied before
+    they start)."""
     daemons: dict[str, DaemonProcess] = {}
-    first = root / SYSTEMS[0]
-    policy, keys = CONTROLLERS[SYSTEMS[0]]
-    daemons[SYSTEMS[0]] = start_daemon(first, model, policy, keys)
-    for system in SYSTEMS[1:]:
+    first = root / systems[0]
+    policy, keys = VARIANTS[systems[0]]
+    daemons[systems[0]] = start_daemon(first, model, policy, keys)
+    for system in systems[1:]:
         folder = root / system
         shutil.copytree(first / "profiles", folder / "profiles")
-        policy, keys = CONTROLLERS[system]
+        policy, keys = VARIANTS[system]
         daemons[system] = start_daemon(folder, model, policy, keys)
     return daemons
 
@@ -277,12 +342,12 @@ def start_pair(root: Path, model: dict[str, ModelFolder]) -> dict[str, DaemonPro
 def run(plan: Plan, root: Path) -> dict[str, Any]:
     onnx = demo_model_bytes(root / "demo", [MODEL])[MODEL]
     model = {MODEL: ModelFolder(onnx)}
-    daemons = start_pair(root, model)
+    daemons = start_daemons(root, model, plan.systems)
     try:
-        profile = registration_profile(root / SYSTEMS[0])
+        profile = registration_profile(root / plan.systems[0])
         rule = rule_capacity(profile, CAPACITY_SLO_MS)
         b1_ms = rule["execute_ms_by_batch"][min(rule["execute_ms_by_batch"])]
-        first = daemons[SYSTEMS[0]]
+        first = daemons[plan.systems[0]]
         flags = ["--model", MODEL, "--rate", f"{SATURATION_FACTOR * rule['rps']:.3f}"]
         flags += ["--duration-s", str(plan.saturation_s), "--slo-ms", str(CAPACITY_SLO_MS)]
         capacity_rps = run_bench(first.api, root / "sat.json", [*flags, "--seed", "1"])[
@@ -298,11 +363,16 @@ def run(plan: Plan, root: Path) -> dict[str, Any]:
         )
         runs = []
         for index in range(plan.rounds):
-            order = SYSTEMS if index % 2 == 0 else SYSTEMS[::-1]
-            variants = [(d, n) for d in plan.disturb for n in plan.generator_nice]
+            order = plan.systems if index % 2 == 0 else plan.systems[::-1]
+            variants = [
+                (d, n, shape)
+                for d in plan.disturb
+                for n in plan.generator_nice
+                for shape in plan.shapes
+            ]
             if index % 2:
                 variants.reverse()
-            for disturb, nice in variants:
+            for disturb, nice, shape in variants:
                 for system in order:
                     found = one_run(
                         daemons[system],
@@ -314,6 +384,7 @@ def run(plan: Plan, root: Path) -> dict[str, Any]:
                         100 + index,
                         disturb,
                         nice,
+                        shape,
                     )
                     runs.append(found)
                     print(line(found), file=sys.stderr, flush=True)
@@ -334,7 +405,8 @@ def line(found: Mapping[str, Any]) -> str:
     """One run in a line."""
     statuses, cpu, daemon = found["statuses"], found["cpu"], found["daemon"]
     return (
-        f"  {found['system']:>14} {found['disturb']:>4} nice {found['generator_nice']:>2} "
+        f"  {found['system']:>14} {found['shape']:>7} {found['disturb']:>4} "
+        f"nice {found['generator_nice']:>2} "
         f"seed {found['seed']}: in SLO "
         f"{found['in_slo_rps']:7.1f}/s "
         f"infeasible {statuses.get('infeasible', 0):5} overloaded "
@@ -415,6 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=str(GENERATOR_NICE),
         help="comma-separated nice levels of the generator, cycled in every round",
     )
+    parser.add_argument(
+        "--shapes", default="poisson", help=f"comma-separated, cycled: {', '.join(SHAPES)}"
+    )
+    parser.add_argument(
+        "--systems", default=",".join(SYSTEMS), help="comma-separated, of " + ", ".join(VARIANTS)
+    )
     parser.add_argument("--json", type=Path, help="default results/overload_ab.json")
     return parser
 
@@ -425,8 +503,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(disturb) - set(DISTURBANCES):
         raise SystemExit(f"--disturb: unknown {sorted(unknown)}")
     nice = tuple(int(n) for n in args.generator_nice.split(","))
+    shapes = tuple(args.shapes.split(","))
+    if unknown := set(shapes) - set(SHAPES):
+        raise SystemExit(f"--shapes: unknown {sorted(unknown)}")
     plan = Plan(
-        args.rounds, args.point_s, Plan.saturation_s, args.slo_multiple, args.load, disturb, nice
+        args.rounds,
+        args.point_s,
+        Plan.saturation_s,
+        args.slo_multiple,
+        args.load,
+        disturb,
+        nice,
+        shapes,
+        tuple(args.systems.split(",")),
     )
     path = args.json or RESULTS / "overload_ab.json"
     with tempfile.TemporaryDirectory(prefix="clockwork-overload-ab-") as name:
