@@ -47,7 +47,9 @@ candidate configuration (`TUNING`) over HTTP at `TUNE_RATE_RPS`, 100 ms SLO; the
 Per system and point (`benchmarks.peer_report` has the columns): successes by the server's own
 verdict, goodput = replies the client received within the SLO per second and their share,
 p50/p99/p99.9 of successful replies (client side), successes received after the SLO, replies
-our daemon marked ``late``, send lag, and ours/peer ratios. Writes
+our daemon marked ``late``, send lag (``generator_behind`` where the generator fell behind its
+schedule: `clockwork_async.bench.send_verdict`, over 1% of requests sent later than 20% of the
+SLO; such a run measured the generator's bursts too), and ours/peer ratios. Writes
 ``results/peer_ray[-quick].json``, ``.png``, ``.md`` (the tables in Markdown) and the daemon and
 Ray logs beside them; prints the tables.
 """
