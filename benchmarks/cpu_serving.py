@@ -141,6 +141,7 @@ def row_of(label: str, slo_ms: float, target_rps: float, summary: dict[str, Any]
         "latency_ms": {k: latency.get(k) for k in ("p50", "p99", "p99.9", "max", "mean")},
         "daemon_latency_ms": summary["daemon_latency_ms"],
         "send_lag_ms": summary["send"]["lag_ms"],
+        "generator_behind": summary["send"].get("behind"),  # bench's send_verdict
         "load_average": [summary["load_average_before"][0], summary["load_average_after"][0]],
     }
 
