@@ -1,25 +1,31 @@
 """Issue 29, real time: why two daemons with the same settings serve very different in-SLO
-goodput at ``peer_ray``'s 200% load point, measured side by side, interleaved.
+goodput at ``peer_ray``'s 200% load point, measured side by side, interleaved
+(docs/benchmarks.md, "Real time at 200% load: what differs between two runs").
 
     python -m benchmarks.overload_ab [--rounds N] [--point-s S] [--slo-multiple M]
-        [--load L] [--json OUT]
+        [--load L] [--systems A,B] [--shapes poisson,smooth,stalled]
+        [--generator-nice 10,0] [--disturb none,cpu0,cpu1] [--json OUT]
 
-Two daemons (``a``: the ``clockwork`` policy as configured, ``b``: the same with
-``peer_ray``'s ``clockwork-warm`` keys, which are today's defaults for CPU executors) run at
-once on the default executors (controller on CPU 0, one ONNX Runtime executor pinned to
-CPU 1), on one registration profile (b's folder gets a's profile cache). Capacity and b1 are
-measured as `peer_ray` does. Then ``rounds`` rounds: each system in turn (the order alternates
-per round) gets the same seeded Poisson arrivals at ``load`` x capacity for ``point_s`` from
-``clockwork-async bench`` (pinned to CPU 0, nice 10: `benchmarks.lib.run_bench`) with one row
-per request.
+One daemon per system (`VARIANTS`: by default ``clockwork`` and ``clockwork-warm``, whose keys
+are today's defaults for CPU executors) runs at once on the default executors (controller on
+CPU 0, one ONNX Runtime executor pinned to CPU 1), all on the first one's registration profile
+(copied into the others' folders before they start). Capacity and b1 are measured as
+`peer_ray` does. Then ``rounds`` rounds: in each, every variant (shape x generator nice x
+disturbance, `Plan`) and every system in turn (orders alternate per round) gets the same
+seeded arrivals at ``load`` x capacity for ``point_s`` from ``clockwork-async bench`` (pinned
+to CPU 0: `benchmarks.lib.run_bench`) with one row per request.
 
-Per run it reports what could differ (`analyse`): the load as sent (the generator's send lag,
-sends per 1 ms at the worst, the longest gap), the daemon's answers (refusal reasons, drops,
-late, batch sizes of ok replies, predicted and measured execute times), the daemon's loop
-lag and prediction error from its stats, and where the CPU went during the run (per-CPU busy
-time from /proc/stat against the CPU time of the daemon, its executors and the generator:
-the rest is other processes, e.g. other users of a shared VM). Writes
-``results/overload_ab.json`` and prints one line per run and a correlation table.
+Per run it reports what could differ (`analyse_rows`, `stats_delta`): the load as sent (the
+generator's send lag, sends per 1 ms at the worst, the longest gap), the daemon's answers
+(refusal reasons, drops, late, batch sizes of ok replies, predicted and measured execute
+times), the daemon's loop lag and prediction error from its stats, and where the CPU went
+during the run (per-CPU busy time from /proc/stat against the CPU time of the daemon, its
+executors and the generator: the rest is other processes, e.g. other users of a shared VM).
+Writes ``results/overload_ab.json``; prints one line per run and each factor's rank
+correlation with the in-SLO goodput (`correlations`).
+
+Invariants: the runs of one round share their arrivals (their seed); a ``smooth`` and a
+``stalled`` run of one round send the same requests, only their times differ.
 """
 
 from __future__ import annotations
