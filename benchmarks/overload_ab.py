@@ -509,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(disturb) - set(DISTURBANCES):
         raise SystemExit(f"--disturb: unknown {sorted(unknown)}")
     nice = tuple(int(n) for n in args.generator_nice.split(","))
+    systems = tuple(args.systems.split(","))
+    if unknown := set(systems) - set(VARIANTS):
+        raise SystemExit(f"--systems: unknown {sorted(unknown)}")
     shapes = tuple(args.shapes.split(","))
     if unknown := set(shapes) - set(SHAPES):
         raise SystemExit(f"--shapes: unknown {sorted(unknown)}")
@@ -521,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         disturb,
         nice,
         shapes,
-        tuple(args.systems.split(",")),
+        systems,
     )
     path = args.json or RESULTS / "overload_ab.json"
     with tempfile.TemporaryDirectory(prefix="clockwork-overload-ab-") as name:
