@@ -130,6 +130,7 @@ class Plan:
     slo_multiples: tuple[float, ...] = (2.0, 3.0, 5.0, 10.0)
     light_rates_rps: tuple[float, ...] = (50.0, 100.0)
     http_protocol: str = "v2-binary"  # of ray-http and clockwork-v2http (http_loadgen's)
+    generator_nice: int = GENERATOR_NICE  # of the load generators of our systems (CPU 0)
 
 
 QUICK = Plan(point_s=3.0, saturation_s=4.0, tune_s=2.0, tune_candidates=3, cross=False)
@@ -266,7 +267,8 @@ def _setup(
     b1_ms = rule["execute_ms_by_batch"][min(rule["execute_ms_by_batch"])]
     rate = SATURATION_FACTOR * rule["rps"]
     print(f"  clockwork: saturation at {rate:.0f} req/s", file=sys.stderr, flush=True)
-    summary = bench(daemon, rate, plan.saturation_s, CAPACITY_SLO_MS, folder / "sat.json", 1)
+    out = folder / "sat.json"
+    summary = bench(daemon, rate, plan.saturation_s, CAPACITY_SLO_MS, out, 1, plan.generator_nice)
     capacity_rps = summary["goodput_rps"]
     point_list = points(plan, capacity_rps, b1_ms)
     return {
@@ -295,7 +297,9 @@ def _one_ours(
     progress(system, point, plan)
     before = load_average()[0]
     out = folder / f"{system}-{point.seed}.json"
-    summary = bench(daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed)
+    summary = bench(
+        daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed, plan.generator_nice
+    )
     return our_row(point, system, summary) | {"load_average": [before, load_average()[0]]}
 
 
@@ -315,7 +319,7 @@ def _one_ours_http(
         point.seed,
         folder / f"{system}-{point.seed}.json",
         cpus=generator_cpus(),
-        nice=GENERATOR_NICE,
+        nice=plan.generator_nice,
         path=f"/v2/models/{MODEL}/infer",
         protocol=plan.http_protocol,
         max_lag_s=ray_side.MAX_LAG_S,
@@ -579,13 +583,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=FULL.http_protocol,
         help="the Open Inference Protocol body of ray-http and clockwork-v2http",
     )
+    parser.add_argument(
+        "--generator-nice",
+        type=int,
+        default=GENERATOR_NICE,
+        help="nice of the load generators of our systems on CPU 0 (10: the controller goes "
+        "first, and the generator falls behind whenever CPU 0 is busy; 0: it keeps its "
+        "schedule and takes CPU 0 from the controller; docs/benchmarks.md, issue 29); "
+        "Ray's load keeps ray_side's",
+    )
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    plan = replace(QUICK if args.quick else FULL, http_protocol=args.http_protocol)
+    plan = replace(
+        QUICK if args.quick else FULL,
+        http_protocol=args.http_protocol,
+        generator_nice=args.generator_nice,
+    )
     path = args.json or RESULTS / f"peer_ray{'-quick' if args.quick else ''}.json"
     started = time.monotonic()
     result = {
