@@ -83,7 +83,8 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
         if ours is None:
             continue
         peers = {s: systems[s] for s in RAY if s in systems}
-        if ours["load"] == 2.0 and ours["slo_ms"] <= GOAL_MAX_SLO_MULTIPLE * b1_ms + 1e-9:
+        # SLOs are rounded to the µs (`peer_ray.slos`): 10x a b1 of 7.827166 ms is 78.272
+        if ours["load"] == 2.0 and ours["slo_ms"] <= GOAL_MAX_SLO_MULTIPLE * b1_ms + 1e-3:
             overload.append(_overload(result, label, ours, list(peers.values())))
         for system, row in peers.items():
             value = ratio(ours["latency_ms"]["p50"], row["latency_ms"]["p50"])

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from benchmarks.peer_ray import Point, http_row, our_row
-from benchmarks.peer_report import HEADERS, behind_runs, table_rows
+from benchmarks.peer_report import HEADERS, behind_runs, goals, table_rows
 
 from clockwork_async.bench import Run, lag_budget_ms, send_verdict, summarize
 from clockwork_async.bench.report import BEHIND_SHARE, LAG_BUDGET_FLOOR_MS
@@ -107,3 +107,17 @@ def test_the_peer_report_marks_runs_whose_generator_fell_behind() -> None:
     assert behind_runs(result) == ["clockwork at 10x b1, 200%"]
     cells = {row[1]: row[HEADERS.index("lag p99 ms")] for row in table_rows(result, "10x b1")}
     assert cells == {"clockwork": "9.0 behind", "fifo": 9.0}
+
+
+def test_the_overload_goal_counts_10x_b1_whatever_the_rounding() -> None:
+    b1_ms = 7.827166  # 10x is 78.27166 ms, written 78.272 (µs)
+    point = Point("10x b1, 200%", "10x b1", 78.272, 2.0, 570.0, 104)
+    ours = our_row(point, "clockwork", _bench_summary(False))
+    result = {
+        "b1_ms": b1_ms,
+        "capacity": {"rps": 285.0},
+        "systems": {"clockwork": {"rows": [ours]}},
+    }
+    found = goals(result)["overload_2x_tight_slo"]
+    assert [g["point"] for g in found] == ["10x b1, 200%"]
+    assert found[0]["generator_behind"] is False
