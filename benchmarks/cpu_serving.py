@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.lib import (
+    GENERATOR_NICE,
     RESULTS,
     DaemonProcess,
     add_model,
@@ -106,14 +107,20 @@ def rule_capacity(profile: dict[str, Any], slo_ms: float) -> dict[str, Any]:
 
 
 def bench(
-    daemon: DaemonProcess, rate_rps: float, duration_s: float, slo_ms: float, out: Path, seed: int
+    daemon: DaemonProcess,
+    rate_rps: float,
+    duration_s: float,
+    slo_ms: float,
+    out: Path,
+    seed: int,
+    nice: int = GENERATOR_NICE,
 ) -> dict[str, Any]:
-    """``clockwork-async bench`` (a process pinned to the controller's CPU at nice 10) at
-    ``rate_rps`` for ``duration_s``; returns its summary. Raises RuntimeError if it fails
-    without a summary."""
+    """``clockwork-async bench`` (a process pinned to the controller's CPU at ``nice``, 10
+    unless given) at ``rate_rps`` for ``duration_s``; returns its summary. Raises RuntimeError
+    if it fails without a summary."""
     flags = ["--model", MODEL, "--rate", f"{rate_rps:.3f}", "--duration-s", str(duration_s)]
     flags += ["--slo-ms", str(slo_ms), "--seed", str(seed)]
-    return run_bench(daemon.api, out, flags)
+    return run_bench(daemon.api, out, flags, nice=nice)
 
 
 def row_of(label: str, slo_ms: float, target_rps: float, summary: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +148,7 @@ def row_of(label: str, slo_ms: float, target_rps: float, summary: dict[str, Any]
         "latency_ms": {k: latency.get(k) for k in ("p50", "p99", "p99.9", "max", "mean")},
         "daemon_latency_ms": summary["daemon_latency_ms"],
         "send_lag_ms": summary["send"]["lag_ms"],
+        "generator_behind": summary["send"].get("behind"),  # bench's send_verdict
         "load_average": [summary["load_average_before"][0], summary["load_average_after"][0]],
     }
 

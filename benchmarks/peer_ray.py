@@ -47,7 +47,9 @@ candidate configuration (`TUNING`) over HTTP at `TUNE_RATE_RPS`, 100 ms SLO; the
 Per system and point (`benchmarks.peer_report` has the columns): successes by the server's own
 verdict, goodput = replies the client received within the SLO per second and their share,
 p50/p99/p99.9 of successful replies (client side), successes received after the SLO, replies
-our daemon marked ``late``, send lag, and ours/peer ratios. Writes
+our daemon marked ``late``, send lag (``generator_behind`` where the generator fell behind its
+schedule: `clockwork_async.bench.send_verdict`, over 1% of requests sent later than 20% of the
+SLO; such a run measured the generator's bursts too), and ours/peer ratios. Writes
 ``results/peer_ray[-quick].json``, ``.png``, ``.md`` (the tables in Markdown) and the daemon and
 Ray logs beside them; prints the tables.
 """
@@ -60,6 +62,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -83,6 +86,7 @@ from benchmarks.lib import (
     write_report,
 )
 from benchmarks.peer_report import goals, markdown, print_tables, write_plot
+from clockwork_async.bench import send_verdict
 
 CAPACITY_SLO_MS = 100.0
 SATURATION_FACTOR = 1.5
@@ -112,6 +116,7 @@ TUNING = (
     ("thread", 1, 0.0),
 )
 SETTLE_S = 1.0  # after a Ray run: cancelled requests drain before the next
+UNSENT_LAG_US = 10**12  # a request the generator never sent: later than any budget
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class Plan:
     slo_multiples: tuple[float, ...] = (2.0, 3.0, 5.0, 10.0)
     light_rates_rps: tuple[float, ...] = (50.0, 100.0)
     http_protocol: str = "v2-binary"  # of ray-http and clockwork-v2http (http_loadgen's)
+    generator_nice: int = GENERATOR_NICE  # of the load generators of our systems (CPU 0)
 
 
 QUICK = Plan(point_s=3.0, saturation_s=4.0, tune_s=2.0, tune_candidates=3, cross=False)
@@ -213,6 +219,8 @@ def our_row(point: Point, system: str, summary: dict[str, Any]) -> dict[str, Any
             "errors": summary["errors"],
         },
         "send_lag_p99_ms": summary["send"]["lag_ms"].get("p99"),
+        "send_late_share": summary["send"].get("late_share"),
+        "generator_behind": summary["send"].get("behind"),
     }
 
 
@@ -259,7 +267,8 @@ def _setup(
     b1_ms = rule["execute_ms_by_batch"][min(rule["execute_ms_by_batch"])]
     rate = SATURATION_FACTOR * rule["rps"]
     print(f"  clockwork: saturation at {rate:.0f} req/s", file=sys.stderr, flush=True)
-    summary = bench(daemon, rate, plan.saturation_s, CAPACITY_SLO_MS, folder / "sat.json", 1)
+    out = folder / "sat.json"
+    summary = bench(daemon, rate, plan.saturation_s, CAPACITY_SLO_MS, out, 1, plan.generator_nice)
     capacity_rps = summary["goodput_rps"]
     point_list = points(plan, capacity_rps, b1_ms)
     return {
@@ -288,7 +297,9 @@ def _one_ours(
     progress(system, point, plan)
     before = load_average()[0]
     out = folder / f"{system}-{point.seed}.json"
-    summary = bench(daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed)
+    summary = bench(
+        daemon, point.rate_rps, plan.point_s, point.slo_ms, out, point.seed, plan.generator_nice
+    )
     return our_row(point, system, summary) | {"load_average": [before, load_average()[0]]}
 
 
@@ -308,7 +319,7 @@ def _one_ours_http(
         point.seed,
         folder / f"{system}-{point.seed}.json",
         cpus=generator_cpus(),
-        nice=GENERATOR_NICE,
+        nice=plan.generator_nice,
         path=f"/v2/models/{MODEL}/infer",
         protocol=plan.http_protocol,
         max_lag_s=ray_side.MAX_LAG_S,
@@ -338,6 +349,7 @@ def http_row(
     429 for a refusal) or a handle result before the cancel at the SLO;
     ``ok_after_slo_client`` = those the client received after the SLO."""
     summary = summarize_rows(result["rows"], duration_s)
+    verdict = http_send_verdict(result["rows"], point.slo_ms)
     return {
         "system": system,
         "point": point.label,
@@ -357,7 +369,20 @@ def http_row(
         "marked_late": None,
         "outcomes": summary["statuses"],
         "send_lag_p99_ms": summary["send_lag_ms"]["p99"],
+        "send_late_share": verdict["late_share"],
+        "generator_behind": verdict["behind"],
     }
+
+
+def http_send_verdict(rows: dict[str, Any], slo_ms: float) -> dict[str, Any]:
+    """`clockwork_async.bench.send_verdict` over `http_loadgen` rows: a request it did not
+    send (``behind``, ``not_sent``) counts as one that left too late."""
+    unsent = ("behind", "not_sent")
+    lag_us = Counter(
+        lag_ns // 1000 if status not in unsent else UNSENT_LAG_US
+        for lag_ns, status in zip(rows["lag_ns"], rows["status"], strict=True)
+    )
+    return send_verdict(lag_us, slo_ms)
 
 
 def run_ray(
@@ -558,13 +583,26 @@ def build_parser() -> argparse.ArgumentParser:
         default=FULL.http_protocol,
         help="the Open Inference Protocol body of ray-http and clockwork-v2http",
     )
+    parser.add_argument(
+        "--generator-nice",
+        type=int,
+        default=GENERATOR_NICE,
+        help="nice of the load generators of our systems on CPU 0 (10: the controller goes "
+        "first, and the generator falls behind whenever CPU 0 is busy; 0: it keeps its "
+        "schedule and takes CPU 0 from the controller; docs/benchmarks.md, issue 29); "
+        "Ray's load keeps ray_side's",
+    )
     parser.add_argument("--json", type=Path, help="default results/peer_ray[-quick].json")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    plan = replace(QUICK if args.quick else FULL, http_protocol=args.http_protocol)
+    plan = replace(
+        QUICK if args.quick else FULL,
+        http_protocol=args.http_protocol,
+        generator_nice=args.generator_nice,
+    )
     path = args.json or RESULTS / f"peer_ray{'-quick' if args.quick else ''}.json"
     started = time.monotonic()
     result = {

@@ -187,10 +187,10 @@ def generator_cpus() -> set[int]:
     return {min(os.sched_getaffinity(0))}
 
 
-def _pinned_nice(cpus: set[int]) -> Callable[[], None]:
+def _pinned_nice(cpus: set[int], nice: int = GENERATOR_NICE) -> Callable[[], None]:
     def prepare() -> None:  # in the child, before exec
         os.sched_setaffinity(0, cpus)
-        os.nice(GENERATOR_NICE)
+        os.nice(nice)
 
     return prepare
 
@@ -203,17 +203,17 @@ def bench_argv(address: str, summary: Path, flags: Sequence[str]) -> list[str]:
 
 
 def spawn_bench(
-    address: str, summary: Path, flags: Sequence[str], pin: bool = True
+    address: str, summary: Path, flags: Sequence[str], pin: bool = True, nice: int = GENERATOR_NICE
 ) -> subprocess.Popen[str]:
     """Start ``clockwork-async bench`` (`bench_argv`) as a process, pinned to the controller's
-    CPU at nice 10 unless ``pin`` is false; see `collect_bench`."""
+    CPU at ``nice`` (default 10) unless ``pin`` is false; see `collect_bench`."""
     return subprocess.Popen(
         bench_argv(address, summary, flags),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        preexec_fn=_pinned_nice(generator_cpus()) if pin else None,
+        preexec_fn=_pinned_nice(generator_cpus(), nice) if pin else None,
     )
 
 
@@ -229,12 +229,12 @@ def collect_bench(process: subprocess.Popen[str], summary: Path) -> dict[str, An
 
 
 def run_bench(
-    address: str, summary: Path, flags: Sequence[str], pin: bool = True
+    address: str, summary: Path, flags: Sequence[str], pin: bool = True, nice: int = GENERATOR_NICE
 ) -> dict[str, Any]:
     """`spawn_bench` and `collect_bench` in one call, with the load average before and after
     (``load_average_before``, ``load_average_after``)."""
     before = load_average()
-    found = collect_bench(spawn_bench(address, summary, flags, pin), summary)
+    found = collect_bench(spawn_bench(address, summary, flags, pin, nice), summary)
     found["load_average_before"] = before
     found["load_average_after"] = load_average()
     return found

@@ -10,7 +10,9 @@ closed loop
 The summary has the outcome keys and latency percentiles of ``clockwork-async simulate`` plus
 what the generator itself achieved: requests scheduled against sent, its send rate, its send
 lag (how late each request left against its schedule) and its own CPU time, so a generator
-that cannot keep up is visible rather than mistaken for a slow daemon. ``--rows FILE`` keeps
+that cannot keep up is visible rather than mistaken for a slow daemon: ``send.behind`` marks a
+run where over 1% of requests left later than the lag budget (``--max-send-lag-ms``, default
+20% of the SLO, at least 2 ms; `send_verdict`), and a warning says so. ``--rows FILE`` keeps
 one row per request (`RequestRows`), ``--timeline`` per-second series.
 
 It is also the load generator of the benchmarks, called in-process: `drive` runs a `Run` (on
@@ -24,7 +26,7 @@ Latency is measured here, from the moment a request was handed to the socket to 
 """
 
 from .cli import copy_names, draw_inputs, main
-from .report import summarize
+from .report import lag_budget_ms, send_verdict, summarize
 from .run import ROW_COLUMNS, Observer, Recorder, RequestRows, Run, drive, phases
 
 __all__ = [
@@ -36,7 +38,9 @@ __all__ = [
     "copy_names",
     "draw_inputs",
     "drive",
+    "lag_budget_ms",
     "main",
     "phases",
+    "send_verdict",
     "summarize",
 ]

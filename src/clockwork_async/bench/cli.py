@@ -47,6 +47,12 @@ def build_parser() -> Parser:
     add("--slo-ms", type=float, default=100.0)
     add("--seed", type=int, default=0)
     add("--grace-s", type=float, help="wait for late replies (default: 2 SLOs + 2 s)")
+    add(
+        "--max-send-lag-ms",
+        type=float,
+        help="the run is marked behind (send.behind) when over 1%% of requests leave later "
+        "than this against the schedule (default: 20%% of the SLO, at least 2 ms)",
+    )
     add("--progress-s", type=float, default=1.0, help="progress line period (0: off)")
     add("--json", type=Path, help="write the summary here (it is printed too)")
     add("--plot", type=Path, help="write PNG plots into this folder (needs matplotlib)")
@@ -75,6 +81,8 @@ def check_args(args: argparse.Namespace) -> list[str]:
     if args.duration_s is None and args.replay is None:
         args.duration_s = 10.0
     positive = {"--slo-ms": args.slo_ms, "--time-scale": args.time_scale}
+    if args.max_send_lag_ms is not None:
+        positive["--max-send-lag-ms"] = args.max_send_lag_ms
     if args.duration_s is not None:
         positive["--duration-s"] = args.duration_s
     if args.rate is not None:
@@ -158,7 +166,18 @@ async def bench(args: argparse.Namespace, models: list[str]) -> dict[str, Any]:
     named: list[str] | str = models
     if args.copies is not None:  # thousands of copies are named by their range
         named = f"{models[0]} .. {models[-1]} ({len(models)} copies)"
-    summary = summarize(run, duration_ns, {**described, "models": named}, args.timeline)
+    summary = summarize(
+        run, duration_ns, {**described, "models": named}, args.timeline, args.max_send_lag_ms
+    )
+    send = summary["send"]
+    if send["behind"]:
+        print(
+            f"clockwork-async bench: the generator fell behind its schedule: "
+            f"{send['late']} requests ({100 * send['late_share']:.1f}%) left more than "
+            f"{send['lag_budget_ms']:g} ms late; the daemon saw bursts the schedule did not "
+            f"have (a busy CPU?)",
+            file=sys.stderr,
+        )
     summary["config"] = {"address": args.address, "slo_ms": args.slo_ms, "seed": args.seed}
     if args.trace is not None:
         summary["config"]["load_scale"] = args.load_scale

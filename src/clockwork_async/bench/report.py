@@ -13,17 +13,60 @@ from clockwork_async.core.outcomes import ACCEPTED_ENDINGS, REJECTED_AT_ARRIVAL,
 from clockwork_async.sim.report import timeline_arrays
 from clockwork_async.sim.stats import latency_summary_ms
 
-from .run import NS_PER_S, RequestRows, Run
+from .run import NS_PER_MS, NS_PER_S, RequestRows, Run
 
 _ENDINGS = (Outcome.OK, Outcome.DROPPED, Outcome.FAILED, Outcome.LATE, Outcome.CANCELLED)
 
+# When a run's generator counts as behind its schedule (`send_verdict`): more than BEHIND_SHARE
+# of its requests left more than the lag budget late. The budget is a share of the SLO: a
+# request sent L late reaches the daemon together with those due over the last L, a burst the
+# daemon's queue absorbs while L is small beside the SLO; larger, the daemon is measured on
+# bursts the schedule did not have (and on gaps after them). The floor allows for the event
+# loop's millisecond timer granularity.
+LAG_BUDGET_SLO_SHARE = 0.2
+LAG_BUDGET_FLOOR_MS = 2.0
+BEHIND_SHARE = 0.01
+
+
+def lag_budget_ms(slo_ms: float, budget_ms: float | None = None) -> float:
+    """How late a request may leave against its schedule: ``budget_ms`` when given, else
+    `LAG_BUDGET_SLO_SHARE` of the SLO, at least `LAG_BUDGET_FLOOR_MS`."""
+    if budget_ms is not None:
+        return budget_ms
+    return max(LAG_BUDGET_FLOOR_MS, LAG_BUDGET_SLO_SHARE * slo_ms)
+
+
+def send_verdict(
+    lag_us: Mapping[int, int], slo_ms: float, budget_ms: float | None = None
+) -> dict[str, Any]:
+    """Whether the generator kept its schedule: ``lag_us`` counts requests by how late they
+    left (µs). Returns the budget (`lag_budget_ms`), how many left later than it (``late``,
+    ``late_share``) and ``behind``: more than `BEHIND_SHARE` did, so the daemon was offered
+    bursts and gaps the schedule did not have and the run measures the generator too."""
+    budget = lag_budget_ms(slo_ms, budget_ms)
+    budget_us = budget * 1000
+    sent = sum(lag_us.values())
+    late = sum(count for lag, count in lag_us.items() if lag > budget_us)
+    share = late / sent if sent else 0.0
+    return {
+        "lag_budget_ms": round(budget, 3),
+        "late": late,
+        "late_share": round(share, 5),
+        "behind": share > BEHIND_SHARE,
+    }
+
 
 def summarize(
-    run: Run, duration_ns: int, workload: Mapping[str, Any], timeline: bool = False
+    run: Run,
+    duration_ns: int,
+    workload: Mapping[str, Any],
+    timeline: bool = False,
+    lag_budget: float | None = None,
 ) -> dict[str, Any]:
     """The run's JSON summary: keys as ``simulate``'s, plus ``send`` (what was sent against
-    the schedule), ``scheduled``, ``client`` (this process's CPU), ``client_within_slo`` and
-    ``errors``; with ``timeline``, per-second series too (``timeline``, ``sent_per_s``,
+    the schedule, and `send_verdict`'s verdict with the ``lag_budget`` in ms, default a share
+    of the run's SLO), ``scheduled``, ``client`` (this process's CPU), ``client_within_slo``
+    and ``errors``; with ``timeline``, per-second series too (``timeline``, ``sent_per_s``,
     ``scheduled.per_s``)."""
     rec = run.recorder
     outcomes = rec.stats.outcomes
@@ -57,6 +100,7 @@ def summarize(
         "send": {
             "achieved_rps": round(rec.sent / send_span_s, 3) if rec.sent else 0.0,
             "lag_ms": latency_summary_ms(rec.lag_us),
+            **send_verdict(rec.lag_us, rec.slo_ns / NS_PER_MS, lag_budget),
         },
         "scheduled": scheduled,
         "client": run.client_cpu(),
