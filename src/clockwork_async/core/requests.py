@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from typing import Protocol
 
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
@@ -24,20 +23,23 @@ from .quotes import Quote
 from .state import CoreState, next_seq
 
 
-class QueuePolicy(Protocol):
-    """What queueing asks of the policy (policies.py); each question only reads the state."""
+class QueuePolicy:
+    """What queueing asks of the policy (policies.py); each question only reads the state.
+
+    A base class that the policies extend, not a Protocol: compiled with mypyc, its methods are
+    called through the class's method table instead of looked up by name on every call."""
 
     def drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         """Return when a still-queued request is given up, or None for never."""
-        ...
+        raise NotImplementedError
 
     def cold_drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         """Return when a still-queued request of a model with no copy is given up, or None."""
-        ...
+        raise NotImplementedError
 
     def requote(self, core: CoreState, request: RequestState) -> Quote | None:
         """Return where to book a request going back to its queue, or None (no ledger)."""
-        ...
+        raise NotImplementedError
 
 
 def reject(core: CoreState, request_id: int, outcome: Outcome, message: str) -> None:
