@@ -18,7 +18,6 @@ a stale window's measurement by a probe drops its samples over ``outlier_factor`
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -45,9 +44,9 @@ class SlidingWindow:
         """Add a measurement and update ``value_ns``."""
         samples, ordered = self._samples, self._ordered
         if len(samples) == samples.maxlen:  # the oldest sample leaves the window
-            del ordered[bisect_left(ordered, samples[0])]
+            ordered.remove(samples[0])
         samples.append(sample_ns)
-        insort(ordered, sample_ns)
+        _insort(ordered, sample_ns)
         self.updated_ns = now_ns
         self._set_value()
 
@@ -80,6 +79,15 @@ class SlidingWindow:
         ordered = self._ordered
         rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
+
+
+def _insort(ordered: list[int], value_ns: int) -> None:
+    """``bisect.insort`` for a window's few samples: a loop, which the compiled core runs
+    natively, where a call of ``insort`` goes through the interpreter's generic call."""
+    index = len(ordered)
+    while index > 0 and ordered[index - 1] > value_ns:
+        index -= 1
+    ordered.insert(index, value_ns)
 
 
 class KindPredictions:

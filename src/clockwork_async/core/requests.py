@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
+from typing import Final
 
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
@@ -21,6 +22,9 @@ from .outcomes import Outcome
 from .queues import RequestStatus
 from .quotes import Quote
 from .state import CoreState, next_seq
+
+# Final: compiled, kept in a C static rather than looked up on the module per call.
+_heappush: Final = heapq.heappush
 
 
 class QueuePolicy:
@@ -91,12 +95,12 @@ def enqueue(core: CoreState, policy: QueuePolicy, request: RequestState) -> None
     fill_hungry_copies(core, model)
     drop_at_ns = policy.drop_at_ns(core, request)
     if drop_at_ns is not None:
-        heapq.heappush(core.drop_timers, (drop_at_ns, next_seq(core), False, request))
+        _heappush(core.drop_timers, (drop_at_ns, next_seq(core), False, request))
     if not model.has_copy():
         mark_cold(core, model)
         cold_at_ns = policy.cold_drop_at_ns(core, request)
         if cold_at_ns is not None:
-            heapq.heappush(core.drop_timers, (cold_at_ns, next_seq(core), True, request))
+            _heappush(core.drop_timers, (cold_at_ns, next_seq(core), True, request))
 
 
 def requeue(core: CoreState, policy: QueuePolicy, request: RequestState) -> None:

@@ -52,7 +52,7 @@ from clockwork_async.core.outcomes import Outcome
 from .executors import LaneIndex, SimExecutor, SimLane
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
-from .workloads import Workload, request_slos_ns
+from .workloads import OpenLoop, Workload, request_slos_ns
 
 NS_PER_S = 1_000_000_000
 # Final: a compiled module keeps these in C statics instead of looking them up per call.
@@ -188,6 +188,7 @@ class Simulation:
         self._scheduled_arrivals = 0
         self._wake_generation = 0
         self._last_reply_ns = 0
+        self._open_loop = isinstance(workload, OpenLoop)  # after_reply is always None
         self._names = [model_name(i) for i in range(workload.instances)]
         self._slos_ns = request_slos_ns(workload)  # a replayed log's own SLOs
         self._instance_of = {name: i for i, name in enumerate(self._names)}
@@ -223,10 +224,13 @@ class Simulation:
         self._announce()
         heap, step = self._heap, self._step
         for times_ns, instances in self.workload.open_arrivals(self._rng):
-            for arrival_ns, instance in zip(times_ns, instances, strict=True):
+            if len(times_ns) != len(instances):
+                raise ValueError("a workload's piece has as many times as instances")
+            for index in range(len(times_ns)):  # (indexing: native lists when compiled)
+                arrival_ns = times_ns[index]
                 while heap and heap[0][0] <= arrival_ns:
                     step(_heappop(heap))
-                self._arrive(arrival_ns, instance)
+                self._arrive(arrival_ns, instances[index])
         self._drain(self.workload.duration_ns)
         self._finish(wall_start)
         return self.stats
@@ -390,6 +394,8 @@ class Simulation:
                 reply.action_id,
                 cold,
             )
+        if self._open_loop:
+            return  # no client waits for this reply to send again
         next_ns = self.workload.after_reply(instance, now_ns, ok)
         if next_ns is not None:
             self._scheduled_arrivals += 1
