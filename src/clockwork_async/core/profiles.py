@@ -31,10 +31,11 @@ class SlidingWindow:
     ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
     result each) instead of sorting the window again."""
 
-    __slots__ = ("_ordered", "_percentile", "_samples", "updated_ns", "value_ns")
+    __slots__ = ("_ordered", "_percentile", "_samples", "_size", "updated_ns", "value_ns")
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
+        self._size = size  # the deque's maxlen, kept as a plain int
         self._ordered: list[int] = [seed_ns]
         self._percentile = percentile
         self.value_ns = seed_ns
@@ -43,7 +44,7 @@ class SlidingWindow:
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
         samples, ordered = self._samples, self._ordered
-        if len(samples) == samples.maxlen:  # the oldest sample leaves the window
+        if len(samples) == self._size:  # the oldest sample leaves the window
             ordered.remove(samples[0])
         samples.append(sample_ns)
         _insort(ordered, sample_ns)

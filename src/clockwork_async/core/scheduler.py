@@ -51,8 +51,10 @@ def run_due(core: CoreState, policy: Policy) -> None:
 
 def run_fills(core: CoreState, policy: Policy) -> None:
     """Fill every executor queued in ``core.to_fill`` (fills may queue others)."""
-    fills: dict[str, int] = {}
     to_fill = core.to_fill
+    if not to_fill:
+        return  # (most arrivals under load: no dict to build)
+    fills: dict[str, int] = {}
     while to_fill:
         executor_id = next(iter(to_fill))
         executor = to_fill.pop(executor_id)
