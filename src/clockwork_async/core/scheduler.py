@@ -56,8 +56,9 @@ def run_fills(core: CoreState, policy: Policy) -> None:
         return  # (most arrivals under load: no dict to build)
     fills: dict[str, int] = {}
     while to_fill:
-        executor_id = next(iter(to_fill))
-        executor = to_fill.pop(executor_id)
+        executor_id = _first_key(to_fill)  # the oldest entry: fills go in the order asked
+        executor = to_fill[executor_id]
+        del to_fill[executor_id]
         done = fills.get(executor_id, 0)
         if not executor.alive:
             continue
@@ -66,6 +67,14 @@ def run_fills(core: CoreState, policy: Policy) -> None:
             continue
         fills[executor_id] = done + 1
         fill(core, policy, executor)
+
+
+def _first_key(entries: dict[str, ExecutorState]) -> str:
+    """The first key of a non-empty dict (a loop: compiled, ``next(iter(...))`` is two
+    generic calls). Raises KeyError when empty."""
+    for key in entries:
+        return key
+    raise KeyError("no entries")
 
 
 def fill(core: CoreState, policy: Policy, executor: ExecutorState) -> None:
