@@ -54,6 +54,8 @@ class FakeService:
         self._next_id = 100
         self.flushes: list[int] = []
         self.screened: list[tuple[str, int]] = []  # (model, frame bytes) refused by `screen`
+        self.screens: list[tuple[str, int | None, int]] = []  # `screen` calls: model, SLO, bytes
+        self.waits_ns: list[int] = []  # each `screen` call's ``waited_ns``
 
     # --- Service ---------------------------------------------------------------------------
 
@@ -92,8 +94,15 @@ class FakeService:
         self.flushes.append(len(self.submitted))  # how many it had been given by then
 
     def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        nbytes: int,
+        waited_ns: int = 0,
     ) -> str | None:
+        self.screens.append((model, slo_ns, nbytes))
+        self.waits_ns.append(waited_ns)
         return "the fake is overloaded" if model == "door" else None
 
     def refuse(

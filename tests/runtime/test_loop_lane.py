@@ -121,3 +121,31 @@ async def test_the_door_screens_a_header_by_its_deadline_and_counts_the_refusal(
     assert answers == [Outcome.OVERLOADED]
     assert dispatcher.book.outcomes == {"overloaded": 1} and dispatcher.book.request_count == 0
     dispatcher.close()
+
+
+def test_a_requests_wait_for_the_loop_is_its_measured_delay() -> None:
+    lane = LoopLane(prior=LoopCost(request_ns=100 * US, byte_ns=0.0, refusal_ns=10 * US))
+    slo_ns, share, cap_ns = 80 * MS, 0.25, 50 * MS  # a limit of 20 ms
+    assert lane.refusal(slo_ns, 0, share=share, cap_ns=cap_ns, waited_ns=20 * MS) is None
+    refusal = lane.refusal(slo_ns, 0, share=share, cap_ns=cap_ns, waited_ns=21 * MS)
+    assert refusal is not None and "runs 21.00 ms behind" in refusal
+    lane.book(0, 0, admitted=True)  # booked work ahead (0.1 ms) adds nothing to a longer wait
+    assert lane.refusal(slo_ns, 0, share=share, cap_ns=cap_ns, waited_ns=20 * MS) is None
+    assert lane.refusal(slo_ns, 0, share=share, cap_ns=0, waited_ns=60 * MS) is None  # cap 0
+
+
+async def test_a_screens_slo_counts_from_before_the_requests_wait_for_the_loop() -> None:
+    now = [1_000 * MS]
+    dispatcher = Dispatcher(ControllerConfig(), now_ns=lambda: now[0], unix_now_ns=lambda: 0)
+    dispatcher.add_model(_model())
+    # 20 ms waited of a 100 ms SLO: 80 ms left, a quarter of it 20 ms: taken; 21 ms: refused
+    assert dispatcher.screen("a", 100 * MS, None, 1_000, waited_ns=20 * MS) is None
+    assert dispatcher.screen("a", 100 * MS, None, 1_000, waited_ns=21 * MS) is not None
+    assert dispatcher.screen("a", None, None, 1_000, waited_ns=21 * MS) is not None  # default
+    # a Unix deadline 200 ms away keeps all of it (a limit of 50 ms), not 155 ms (38.75 ms)
+    assert dispatcher.screen("a", None, 200 * MS, 1_000, waited_ns=45 * MS) is None
+    # a Unix deadline is absolute: the wait is not taken from it again
+    assert dispatcher._deadline_ns("a", None, 2 * MS, now[0], waited_ns=5 * MS) == now[0] + 2 * MS
+    assert dispatcher._deadline_ns("a", 30 * MS, None, now[0], waited_ns=5 * MS) == now[0] + 25 * MS
+    assert dispatcher._deadline_ns("a", None, None, now[0], waited_ns=5 * MS) == now[0] + 95 * MS
+    dispatcher.close()

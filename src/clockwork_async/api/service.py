@@ -104,11 +104,18 @@ class Requests(Protocol):
         ...
 
     def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        nbytes: int,
+        waited_ns: int = 0,
     ) -> str | None:
         """Whether a request can be taken, from its frame's header alone (before any of its
         ``nbytes`` of tensors are kept): None, or why it is refused ``overloaded`` (the
-        daemon's own work is too far behind for its deadline). Changes nothing."""
+        daemon's own work is too far behind for its deadline: the work booked ahead, or the
+        ``waited_ns`` the request already waited for the loop after it was read, an SLO
+        counting from before that wait). Changes nothing."""
         ...
 
     def refuse(

@@ -8,15 +8,21 @@ The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): th
 and gRPC requests too), the same routes (name -> served version) and tokens. A request is
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
-request is; a client batch of N rows is submitted as N requests and answered as one
-(`api.rows`, as the msgpack session does). Where the daemon has an IO arena, each row's
+request is; an HTTP request with JSON tensors, whose parse is most of its cost, is screened
+once before its body is parsed (`Door.refused_unread`, with the SLO its head gives or its
+model's default) and again, as every request, with the SLO its body gives; a client batch
+of N rows is submitted as N requests and answered as one (`api.rows`, as the msgpack session
+does). Where the daemon has an IO arena, each row's
 tensors are copied once into a slot of their own (`api.v2_arena`), as the msgpack API reads
 its tensors into one, so local executors read them by reference.
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
 its outputs are copied out), or before submit when the request is refused; a caller that
-goes away (its task cancelled) cancels its request once; every refusal is a `V2Error`
+goes away (its task cancelled) cancels its request once; an HTTP request's wait for the loop
+after its answer started (``waited_ns``) reaches the screen before a JSON body's parse (the
+loop's measured delay for it, where a refusal saves the parse) and nothing else; every
+refusal is a `V2Error`
 whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
 mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
 of the SLOs a request gives wins.
@@ -193,14 +199,7 @@ class Door:
         handed = False
         try:
             host = self.host
-            if not host.accepting_requests:
-                raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
-            if host.outstanding >= host.limits.max_outstanding_total:
-                limit = host.limits.max_outstanding_total
-                why = f"the server has {limit} requests in flight (limit)"
-                raise V2Error(Outcome.OVERLOADED, why)
-            target, served_version = self.route(model, version)
-            reason = host.requests.screen(target, slo_ns, None, nbytes)
+            target, served_version, reason = self._screened(model, version, slo_ns, nbytes)
             inputs: Mapping[str, np.ndarray] = {}
             if reason is None:
                 try:
@@ -217,6 +216,41 @@ class Door:
         finally:
             if body is not None and not handed:
                 body.release()
+
+    def _screened(
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int = 0
+    ) -> tuple[str, int, str | None]:
+        """Where a request goes (served name, version) and the dispatcher's screen's refusal
+        (`Requests.screen`, from what is known before its tensors, and how long it waited for
+        the loop after its answer started), or None. Raises V2Error (shutting down, over the cap on
+        requests in flight, a version not served)."""
+        host = self.host
+        if not host.accepting_requests:
+            raise V2Error(Outcome.SHUTTING_DOWN, "the server is shutting down")
+        if host.outstanding >= host.limits.max_outstanding_total:
+            limit = host.limits.max_outstanding_total
+            raise V2Error(Outcome.OVERLOADED, f"the server has {limit} requests in flight (limit)")
+        target, served_version = self.route(model, version)
+        reason = host.requests.screen(target, slo_ns, None, nbytes, waited_ns)
+        return target, served_version, reason
+
+    async def refused_unread(
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int = 0
+    ) -> Answer | None:
+        """Screen a request whose body is not parsed yet (HTTP with JSON tensors: parsing is
+        most of its cost) from what its head says: ``slo_ns``, the SLO it gives outside its
+        body (None: its model's default SLO), its body's ``nbytes`` and how long it waited
+        for the loop after its answer started (``waited_ns``, `Requests.screen`: a wait the
+        work booked ahead does not show, as JSON bodies parsed before their door are not
+        booked). Returns the answer of a request the screen refuses ``overloaded``, refused
+        as `infer` refuses (counted, booked as a refusal, answered through the request book);
+        None when it may go on to be parsed and to `infer`, which screens it again with the
+        SLO its body gives. Raises V2Error as `infer` does before its tensors are built."""
+        target, served_version, reason = self._screened(model, version, slo_ns, nbytes, waited_ns)
+        if reason is None:
+            return None
+        refused = self._start(target, {}, slo_ns, reason, nbytes, _Ticket(), None, _nothing)
+        return Answer(join_outcomes([await refused]), served_version)
 
     def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
         """A client batch as rows (`api.rows.plan_rows`: at most the model's largest batch,
@@ -388,6 +422,24 @@ def slo_ns_of(parameters: Mapping[str, Any], deadline_left_s: float | None = Non
     if priority is not None and (not _is_int(priority) or priority < 0):
         raise V2Error(Outcome.BAD_INPUT, f"priority must be an integer >= 0, not {priority!r}")
     return min(candidates) if candidates else None
+
+
+def header_slo_ns(value: str | None, name: str) -> int | None:
+    """The SLO of an HTTP header ``name`` (milliseconds, a number > 0), or None when it is
+    absent. Raises V2Error (``bad_input``)."""
+    if value is None:
+        return None
+    try:
+        slo_ms = float(value)
+    except ValueError:
+        raise V2Error(Outcome.BAD_INPUT, f"{name} must be milliseconds, not {value!r}") from None
+    return _slo_ns(slo_ms, name)
+
+
+def earliest(*slos_ns: int | None) -> int | None:
+    """The earliest of the SLOs given (None: not given), or None when none is."""
+    given = [slo_ns for slo_ns in slos_ns if slo_ns is not None]
+    return min(given) if given else None
 
 
 def _slo_ns(slo_ms: float, what: str) -> int:

@@ -7,7 +7,9 @@ bytes, keeps the connections and their timers.
 
 Invariants: a connection serves one request at a time, in order (pipelined ones wait, and the
 socket is not read while one waits or the client does not read its replies; it is read while
-a request is answered, so a client that goes away cancels it at once); a
+a request is answered, so a client that goes away cancels it at once); a request's answer is
+stamped when it starts (``HttpRequest.turn_ns``: what it waits from then is the loop's
+measured delay for it, judged at the door before a JSON body is parsed); a
 request's head and body must arrive within ``request_timeout_s`` of its first byte (else 408
 and close) and a kept-alive connection with no request is closed after ``idle_timeout_s``; a
 body over ``max_body_bytes`` is refused 413, from its Content-Length before it is read where
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import ssl as ssl_module
+import time
 from collections import deque
 from functools import partial
 from typing import cast
@@ -274,6 +277,7 @@ class _HttpConnection(asyncio.Protocol):
                 self._door.count(error.code)
                 self._write(error_response(error), request, close=True)
                 return
+            request.turn_ns = time.monotonic_ns()  # what it waits from now is the loop's delay
             answer = route(self._door, request)
             if isinstance(answer, HttpResponse):
                 request.release()

@@ -6,15 +6,17 @@ Invariants: every answer is JSON (an infer's may be followed by binary outputs),
 being ``{"error": "code: sentence"}`` with the status of `v2_door.HTTP_STATUS` and a
 ``clockwork-outcome`` header naming the code; health answers need no token, a model's load
 and unload the ``admin`` scope, everything else the ``infer`` scope when tokens are
-configured; an infer echoes the request's ``id`` in its
-body and its ``traceparent`` header in its headers, and both go into the log line of its
-answer.
+configured; an infer echoes the request's ``id`` in its body and its ``traceparent`` header in
+its headers, and both go into the log line of its answer (a request refused before its body
+is parsed has no ``id``: it is never read); an infer's SLO is the earliest of its
+``clockwork-slo-ms`` header and its body's parameters.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -23,7 +25,7 @@ import httptools
 
 from clockwork_async.api.auth import Scope
 from clockwork_async.api.v2_arena import BodyInSlot
-from clockwork_async.api.v2_door import Door, slo_ns_of
+from clockwork_async.api.v2_door import Door, earliest, header_slo_ns, slo_ns_of
 from clockwork_async.api.v2_status import (
     BAD_REQUEST,
     METHOD_NOT_ALLOWED,
@@ -46,6 +48,7 @@ from clockwork_async.core.outcomes import Outcome
 log = logging.getLogger("clockwork_async.api.v2")
 
 HEADER_LENGTH = "inference-header-content-length"
+SLO_HEADER = "clockwork-slo-ms"  # an SLO known before the body is parsed (docs/protocol-v2.md)
 
 
 @dataclass(slots=True)
@@ -58,6 +61,12 @@ class HttpRequest:
     head_bytes: int = 0
     owner: object = None  # its connection: what its IO arena slots count against
     in_slot: BodyInSlot | None = None  # the body, when read into an IO arena slot instead
+    turn_ns: int | None = None  # when its answer was started (`time.monotonic_ns`)
+
+    def waited_ns(self) -> int:
+        """How long since its answer was started (its task created, its connection's earlier
+        requests answered): its wait for the loop (0 when it was not stamped)."""
+        return 0 if self.turn_ns is None else max(0, time.monotonic_ns() - self.turn_ns)
 
     def body_view(self) -> memoryview:
         """The body, wherever it was read."""
@@ -206,9 +215,15 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
     try:
         body = request.body_view()
         json_bytes = _header_bytes(request, body.nbytes)
+        head_slo_ns = header_slo_ns(request.headers.get(SLO_HEADER), SLO_HEADER)
+        waited_ns = request.waited_ns()
+        if json_bytes == body.nbytes:  # JSON tensors: screened before the body is parsed
+            refused = await door.refused_unread(model, version, head_slo_ns, body.nbytes, waited_ns)
+            if refused is not None:
+                raise V2Error(refused.outcome.outcome.value, refused.outcome.message)
         header = parse_request(body[:json_bytes])
         request_id = header.id
-        slo_ns = slo_ns_of(header.parameters)
+        slo_ns = earliest(head_slo_ns, slo_ns_of(header.parameters))
         answer = await door.infer(
             model,
             version,

@@ -19,11 +19,11 @@ Invariants:
   whichever comes first, and handled as one `Arrivals` event so that they can share a batch.
 - The core judges ``ok`` and ``late`` (it is told the return hop with `ReturnHop` and plans
   by it); the dispatcher changes one outcome only: an ``ok`` whose reply would leave after its
-  deadline leaves ``late`` (`RequestBook.outcome`; its way out teaches the hop). The only answers that do not come
-  from the core are the refusals at the door (runtime/door.py: ``shutting_down``,
-  ``overloaded`` when the daemon's own loop is too far behind, ``unknown_model``,
-  ``bad_input``; answered before `submit` returns) and ``failed`` when the core refuses an
-  event (a bug).
+  deadline leaves ``late`` (`RequestBook.outcome`; its way out teaches the hop). The only
+  answers that do not come from the core are the refusals at the door (runtime/door.py:
+  ``shutting_down``, ``overloaded`` when the daemon's own loop is too far behind,
+  ``unknown_model``, ``bad_input``; answered before `submit` returns) and ``failed`` when the
+  core refuses an event (a bug).
 - Each submitted request's ``on_reply`` is called exactly once, possibly before `submit`
   returns; it is in the book from acceptance until then, and every answer is counted once in
   the book (``outcomes``) before callers and listeners see it.

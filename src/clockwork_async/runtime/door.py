@@ -15,7 +15,10 @@ Invariants:
 - A request's deadline is resolved in one place (`_deadline_ns`), for `submit` and `screen`
   alike: its Unix deadline if it has one, else its SLO, else its model's default SLO (a
   bucketed model's: its largest bucket's; `DEFAULT_SLO_NS` for a model that is not served:
-  it is refused anyway).
+  it is refused anyway). `screen` may be told how long the request already waited for the
+  loop (``waited_ns``: an HTTP request with JSON tensors, screened before its parse): its SLO
+  then counts from before that wait, which is also the loop's measured delay for it
+  (`LoopLane.refusal`); an admitted request's deadline counts from `submit`, as every one's.
 - A request for a model that is not bucketed never enters runtime/buckets.py.
 """
 
@@ -39,14 +42,20 @@ class Door(DispatcherHoldings):
     """The dispatcher's door (`Dispatcher` is one)."""
 
     def _deadline_ns(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, now_ns: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        now_ns: int,
+        waited_ns: int = 0,
     ) -> int:
         bucketed = self.buckets.get(model)
         served = self._models.get(bucketed.largest if bucketed is not None else model)
         default_slo_ns = served.default_slo_ns if served is not None else DEFAULT_SLO_NS
-        return resolve_deadline_ns(
+        deadline_ns = resolve_deadline_ns(
             slo_ns, deadline_unix_ns, default_slo_ns, now_ns=now_ns, unix_now_ns=self._unix_now_ns()
         )
+        return deadline_ns if deadline_unix_ns is not None else deadline_ns - waited_ns
 
     def _route(
         self, model: str, inputs: Mapping[str, np.ndarray], on_reply: Callable[[InferOutcome], None]
@@ -83,22 +92,29 @@ class Door(DispatcherHoldings):
             return Outcome.BAD_INPUT, str(error)
         return None
 
-    def _loop_refusal(self, slo_ns: int, now_ns: int) -> str | None:
+    def _loop_refusal(self, slo_ns: int, now_ns: int, waited_ns: int = 0) -> str | None:
         runtime = self.runtime
-        return self._loop.refusal(
-            slo_ns, now_ns, share=runtime.loop_delay_share, cap_ns=runtime.max_loop_delay_ns
-        )
+        share, cap_ns = runtime.loop_delay_share, runtime.max_loop_delay_ns
+        return self._loop.refusal(slo_ns, now_ns, share=share, cap_ns=cap_ns, waited_ns=waited_ns)
 
     def screen(
-        self, model: str, slo_ns: int | None, deadline_unix_ns: int | None, nbytes: int
+        self,
+        model: str,
+        slo_ns: int | None,
+        deadline_unix_ns: int | None,
+        nbytes: int,
+        waited_ns: int = 0,
     ) -> str | None:
         """The door, from a frame's header (`api.service.Requests.screen`): why the loop
-        cannot take this request (`_loop_refusal`), or None. Changes nothing."""
+        cannot take this request (`_loop_refusal`; ``waited_ns``: how long it already waited
+        for the loop after it was read, its SLO counting from before), or None. Changes
+        nothing."""
         now_ns = self._now_ns()
-        if self._state is not DispatcherState.RUNNING or not self._loop.delay_ns(now_ns):
+        busy = self._loop.delay_ns(now_ns) or waited_ns
+        if self._state is not DispatcherState.RUNNING or not busy:
             return None  # `submit` answers it shutting_down; an idle loop refuses nothing
-        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns)
-        return self._loop_refusal(deadline_ns - now_ns, now_ns)
+        deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns, waited_ns)
+        return self._loop_refusal(deadline_ns - now_ns, now_ns, waited_ns)
 
     def refuse(
         self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]

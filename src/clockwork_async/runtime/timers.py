@@ -297,7 +297,10 @@ class LoopLane:
     heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
     (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
     ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
-    (its measured lag) is not booked as work ahead: it is over once it was measured.
+    (its measured lag) is not booked as work ahead: it is over once it was measured. A request
+    that already waited for the loop before its door (an HTTP request read while the loop was
+    busy: work no booking saw, such as parsing JSON bodies ahead of it) brings that wait as the
+    loop's delay for it (`refusal`'s ``waited_ns``).
 
     Invariant: ``delay_ns`` >= 0; a refusal books only the refusal's cost, so a loop that is
     behind still answers at the rate it can refuse.
@@ -335,11 +338,15 @@ class LoopLane:
         """The predicted cost of admitting a request of ``nbytes`` tensor bytes."""
         return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
 
-    def refusal(self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int) -> str | None:
+    def refusal(
+        self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int, waited_ns: int = 0
+    ) -> str | None:
         """Why a request with ``slo_ns`` to its deadline cannot be taken: the work booked
-        ahead of it runs past ``share`` of that, or past ``cap_ns`` (0: never refuse). An idle
-        loop refuses nothing: what a request cannot meet on its own is the core's to refuse."""
-        delay_ns = self.delay_ns(now_ns)
+        ahead of it, or the time it already waited for the loop (``waited_ns``: read while
+        the loop was busy, before anything was booked for it), runs past ``share`` of that,
+        or past ``cap_ns`` (0: never refuse). An idle loop refuses nothing: what a request
+        cannot meet on its own is the core's to refuse."""
+        delay_ns = max(self.delay_ns(now_ns), waited_ns)
         if not cap_ns or not delay_ns:
             return None
         limit_ns = min(cap_ns, int(share * max(0, slo_ns)))
