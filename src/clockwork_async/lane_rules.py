@@ -55,18 +55,36 @@ LANE_OF: dict[ActionKind, str] = {
 T = TypeVar("T")
 
 
-@dataclass(slots=True)  # not frozen: a frozen __init__ costs a lane step ~0.5 us
 class RunJob(Generic[T]):
     """Start ``job`` now (it was popped)."""
 
-    job: T
+    # A written class, not a dataclass: mypyc compiles this module (pyproject.toml), and a
+    # generic dataclass fails there at import. Not frozen: a frozen __init__ costs ~0.5 us.
+    __slots__ = ("job",)
+
+    def __init__(self, job: T) -> None:
+        self.job = job
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RunJob and self.job == other.job
+
+    def __repr__(self) -> str:
+        return f"RunJob(job={self.job!r})"
 
 
-@dataclass(slots=True)  # not frozen: a frozen __init__ costs a lane step ~0.5 us
 class RejectJob(Generic[T]):
-    """Answer ``job`` too late without running it (it was popped)."""
+    """Answer ``job`` too late without running it (it was popped). Written as `RunJob`."""
 
-    job: T
+    __slots__ = ("job",)
+
+    def __init__(self, job: T) -> None:
+        self.job = job
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RejectJob and self.job == other.job
+
+    def __repr__(self) -> str:
+        return f"RejectJob(job={self.job!r})"
 
 
 @dataclass(slots=True)  # not frozen: a frozen __init__ costs a lane step ~0.5 us

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clockwork_async.core.capacity import capacity_batch, capacity_rps
 from clockwork_async.core.clock import VirtualClock
 from clockwork_async.core.config import ConfigError, ControllerConfig
+from clockwork_async.core.lanes import OVERRUN_WINDOW, Lane
 from clockwork_async.core.profiles import Predictions, SlidingWindow
 from clockwork_async.runtime.realclock import MonotonicClock
 
@@ -44,6 +49,29 @@ def test_window_predicts_its_percentile_and_forgets_the_seed() -> None:
     for sample in (2, 3, 4):
         median.add(sample)
     assert median.value_ns == 2
+
+
+@given(
+    st.integers(1, 12),
+    st.sampled_from([50.0, 90.0, 99.0, 100.0]),
+    st.lists(st.integers(0, 20), max_size=60),
+)
+def test_a_window_predicts_the_percentile_of_its_last_samples(
+    size: int, percent: float, samples: list[int]
+) -> None:
+    window = SlidingWindow(size=size, percentile=percent, seed_ns=7)
+    for sample in samples:
+        window.add(sample)
+    kept = sorted(([7, *samples])[-size:])
+    assert window.value_ns == kept[max(0, math.ceil(percent / 100.0 * len(kept)) - 1)]
+
+
+@given(st.lists(st.integers(-50, 50), max_size=3 * OVERRUN_WINDOW))
+def test_a_lanes_overrun_is_the_largest_of_its_last_executions(overruns_ns: list[int]) -> None:
+    lane = Lane()
+    for over_ns in overruns_ns:
+        lane.note_overrun(over_ns)
+    assert lane.overrun_ns == max([0, *overruns_ns[-OVERRUN_WINDOW:]])
 
 
 def test_a_stale_window_forgets_outliers_one_per_stale_period() -> None:

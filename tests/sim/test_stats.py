@@ -1,4 +1,5 @@
-"""The simulator's histogram percentile is the house's nearest-rank percentile."""
+"""The simulator's counts: the histogram percentile is the house's nearest-rank percentile;
+counts read as Counters."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clockwork_async.core.outcomes import Outcome
 from clockwork_async.core.percentile import percentile_of
-from clockwork_async.sim.stats import percentile
+from clockwork_async.sim.stats import SimStats, percentile
 
 
 @given(
@@ -26,3 +28,21 @@ def test_an_empty_histogram_has_no_percentile_and_a_bad_percent_raises() -> None
     assert percentile({}, 50.0) is None
     with pytest.raises(ValueError):
         percentile({1: 1}, 101.0)
+
+
+def test_counts_read_as_counters_of_what_was_counted() -> None:
+    stats = SimStats(interval_ns=1_000_000_000)
+    stats.on_reply(Outcome.OK, 1_500_000_000, 1_000_000_000)  # 500 ms: interval 1
+    stats.on_reply(Outcome.OK, 1_600_000_000, 1_599_000_000)
+    stats.on_reply(Outcome.LATE, 1_700_000_000, 1_000_000_000)
+    stats.on_infer(1_500_000_000, 4, 3)
+    assert stats.outcomes == Counter({"ok": 2, "late": 1})
+    assert stats.outcomes["dropped"] == 0  # a Counter: what never happened counts 0
+    assert stats.latency_us == Counter({500_000: 1, 1_000: 1})
+    assert stats.late_latency_us == Counter({700_000: 1})
+    assert stats.batch_sizes == Counter({4: 1})
+    interval = stats.timeline.intervals[1]
+    assert interval.outcomes == Counter({"ok": 2, "late": 1})
+    assert interval.latency_bins == Counter({5_000: 1, 10: 1})
+    stats.outcomes["ok"] += 5  # a copy: the run's counts stay as counted
+    assert stats.outcomes["ok"] == 2

@@ -12,9 +12,13 @@ something to do.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from .entities import ExecutorState, ModelState
 from .state import CoreState, next_seq
+
+# Final: compiled, kept in a C static rather than looked up on the module per call.
+_heappush: Final = heapq.heappush
 
 
 def push_heads(core: CoreState, model: ModelState) -> None:
@@ -25,7 +29,7 @@ def push_heads(core: CoreState, model: ModelState) -> None:
     entry_key = head.key_ns
     for executor_id in model.loaded_on:
         executor = core.executors[executor_id]
-        heapq.heappush(executor.heap, (entry_key, next_seq(core), model.version, model))
+        _heappush(executor.heap, (entry_key, next_seq(core), model.version, model))
 
 
 def push_head(core: CoreState, executor: ExecutorState, model: ModelState) -> None:
@@ -33,7 +37,7 @@ def push_head(core: CoreState, executor: ExecutorState, model: ModelState) -> No
     head = model.peek()
     if head is not None:
         entry = (head.key_ns, next_seq(core), model.version, model)
-        heapq.heappush(executor.heap, entry)
+        _heappush(executor.heap, entry)
 
 
 def fill_hungry_copies(core: CoreState, model: ModelState) -> None:
@@ -64,7 +68,7 @@ def arm_timer(core: CoreState, executor: ExecutorState, at_ns: int) -> None:
     executor.timer_version += 1
     executor.timer_at_ns = at_ns
     entry = (at_ns, next_seq(core), executor.timer_version, executor)
-    heapq.heappush(core.exec_timers, entry)
+    _heappush(core.exec_timers, entry)
 
 
 def mark_cold(core: CoreState, model: ModelState) -> None:

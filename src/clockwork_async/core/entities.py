@@ -396,8 +396,8 @@ class ExecutorState:
         left = self.infers_by_model.get(name, 0) - 1
         if left > 0:
             self.infers_by_model[name] = left
-        else:
-            self.infers_by_model.pop(name, None)
+        elif name in self.infers_by_model:  # (not pop(name, None): a generic call compiled)
+            del self.infers_by_model[name]
 
     def record_busy(self, now_ns: int, duration_ns: int, window_ns: int) -> None:
         """Add committed execute time to the decayed busy average."""

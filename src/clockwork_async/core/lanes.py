@@ -63,11 +63,16 @@ class Lane:
     def note_overrun(self, over_ns: int) -> None:
         """Count an execution's measured minus predicted duration in ``overrun_ns``."""
         overruns = self.overruns
-        overruns.append(max(over_ns, 0))
-        if len(overruns) > OVERRUN_WINDOW and overruns.popleft() == self.overrun_ns:
-            self.overrun_ns = max(overruns)
-        else:
-            self.overrun_ns = max(self.overrun_ns, overruns[-1])
+        over_ns = max(over_ns, 0)
+        overruns.append(over_ns)
+        # overrun_ns is the window's maximum. Only when the maximum leaves and the new value
+        # is below it must the window be searched again (most executions end on time: 0, 0).
+        if len(overruns) > OVERRUN_WINDOW:
+            oldest_ns = overruns.popleft()
+            if oldest_ns == self.overrun_ns and over_ns < oldest_ns:
+                self.overrun_ns = max(overruns)
+                return
+        self.overrun_ns = max(self.overrun_ns, over_ns)
 
     def free_at(self, now_ns: int) -> int:
         """Return when the lane is predicted to be free (may be before ``now_ns`` when idle)."""

@@ -56,10 +56,11 @@ def best_quote(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
         return quote_cold(core, model, internal_deadline_ns)
     best: Quote | None = None
     executors = core.executors
-    for executor_id in (*model.loaded_on, *model.loading_on):
-        quote = quote_copy(core, model, executors[executor_id], internal_deadline_ns)
-        if best is None or quote.finish_ns < best.finish_ns:
-            best = quote
+    for copies in (model.loaded_on, model.loading_on):  # (not one tuple of both: a copy)
+        for executor_id in copies:
+            quote = quote_copy(core, model, executors[executor_id], internal_deadline_ns)
+            if best is None or quote.finish_ns < best.finish_ns:
+                best = quote
     return best
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
 
 from .batching import (
     Batch,
@@ -70,28 +69,31 @@ Rejection = tuple[Outcome, str, bool]
 Plan = Batch | Defer | NoBatch | Drop | Handoff
 
 
-class Policy(QueuePolicy, Protocol):
-    name: str
-    sheds: bool  # drops queued requests the moment they become hopeless
+class Policy(QueuePolicy):
+    """The interface every policy extends (a base class, as `QueuePolicy`)."""
+
+    name: str = ""
+    sheds: bool = False  # drops queued requests the moment they become hopeless
 
     def admit(
         self, core: CoreState, model: ModelState, deadline_ns: int
     ) -> Rejection | Quote | None:
         """Return a Rejection (a tuple), or accept: a Quote to book the request with
         (ledger.py), or None (the policy keeps no ledger)."""
-        ...
+        raise NotImplementedError
 
     def plan_keys(self, core: CoreState, model: ModelState, deadline_ns: int) -> tuple[int, int]:
         """Return (internal deadline, queue key) for a request arriving now."""
-        ...
+        raise NotImplementedError
 
-    def drop_message(self, cold: bool) -> str: ...
+    def drop_message(self, cold: bool) -> str:
+        raise NotImplementedError
 
     def plan(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
     ) -> Plan:
         """Choose the next INFER of ``model`` on ``executor`` starting at ``start_ns``."""
-        ...
+        raise NotImplementedError
 
     def shed(
         self, core: CoreState, executor: ExecutorState, model: ModelState, start_ns: int
@@ -99,14 +101,14 @@ class Policy(QueuePolicy, Protocol):
         """Return the queued requests of ``model`` that no copy can start in time, given that
         ``executor`` is busy until ``start_ns`` (ask again after dropping them), or where the
         head should go instead, or None."""
-        ...
+        raise NotImplementedError
 
     def can_replan(self, core: CoreState, request: RequestState) -> bool:
         """Return True when a request whose action failed should be queued again."""
-        ...
+        raise NotImplementedError
 
 
-class ClockworkPolicy:
+class ClockworkPolicy(Policy):
     """Deadline-aware: admission by feasibility, EDF, largest batch meeting every deadline,
     drop the moment no copy can start a request in time."""
 
@@ -226,7 +228,7 @@ class ClockworkPolicy:
         return cold_drop_at_ns is not None and cold_drop_at_ns > core.now_ns
 
 
-class FifoPolicy:
+class FifoPolicy(Policy):
     """No admission, no deadlines: arrival order, batch what is queued (up to the largest
     supported batch), never drop; a result after the deadline is answered ``late``."""
 

@@ -18,7 +18,6 @@ a stale window's measurement by a probe drops its samples over ``outlier_factor`
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 
@@ -32,10 +31,11 @@ class SlidingWindow:
     ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
     result each) instead of sorting the window again."""
 
-    __slots__ = ("_ordered", "_percentile", "_samples", "updated_ns", "value_ns")
+    __slots__ = ("_ordered", "_percentile", "_samples", "_size", "updated_ns", "value_ns")
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
+        self._size = size  # the deque's maxlen, kept as a plain int
         self._ordered: list[int] = [seed_ns]
         self._percentile = percentile
         self.value_ns = seed_ns
@@ -44,10 +44,10 @@ class SlidingWindow:
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
         samples, ordered = self._samples, self._ordered
-        if len(samples) == samples.maxlen:  # the oldest sample leaves the window
-            del ordered[bisect_left(ordered, samples[0])]
+        if len(samples) == self._size:  # the oldest sample leaves the window
+            ordered.remove(samples[0])
         samples.append(sample_ns)
-        insort(ordered, sample_ns)
+        _insort(ordered, sample_ns)
         self.updated_ns = now_ns
         self._set_value()
 
@@ -80,6 +80,15 @@ class SlidingWindow:
         ordered = self._ordered
         rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
+
+
+def _insort(ordered: list[int], value_ns: int) -> None:
+    """``bisect.insort`` for a window's few samples: a loop, which the compiled core runs
+    natively, where a call of ``insort`` goes through the interpreter's generic call."""
+    index = len(ordered)
+    while index > 0 and ordered[index - 1] > value_ns:
+        index -= 1
+    ordered.insert(index, value_ns)
 
 
 class KindPredictions:

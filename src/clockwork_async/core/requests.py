@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Final
 
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
@@ -23,21 +23,27 @@ from .queues import RequestStatus
 from .quotes import Quote
 from .state import CoreState, next_seq
 
+# Final: compiled, kept in a C static rather than looked up on the module per call.
+_heappush: Final = heapq.heappush
 
-class QueuePolicy(Protocol):
-    """What queueing asks of the policy (policies.py); each question only reads the state."""
+
+class QueuePolicy:
+    """What queueing asks of the policy (policies.py); each question only reads the state.
+
+    A base class that the policies extend, not a Protocol: compiled with mypyc, its methods are
+    called through the class's method table instead of looked up by name on every call."""
 
     def drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         """Return when a still-queued request is given up, or None for never."""
-        ...
+        raise NotImplementedError
 
     def cold_drop_at_ns(self, core: CoreState, request: RequestState) -> int | None:
         """Return when a still-queued request of a model with no copy is given up, or None."""
-        ...
+        raise NotImplementedError
 
     def requote(self, core: CoreState, request: RequestState) -> Quote | None:
         """Return where to book a request going back to its queue, or None (no ledger)."""
-        ...
+        raise NotImplementedError
 
 
 def reject(core: CoreState, request_id: int, outcome: Outcome, message: str) -> None:
@@ -89,12 +95,12 @@ def enqueue(core: CoreState, policy: QueuePolicy, request: RequestState) -> None
     fill_hungry_copies(core, model)
     drop_at_ns = policy.drop_at_ns(core, request)
     if drop_at_ns is not None:
-        heapq.heappush(core.drop_timers, (drop_at_ns, next_seq(core), False, request))
+        _heappush(core.drop_timers, (drop_at_ns, next_seq(core), False, request))
     if not model.has_copy():
         mark_cold(core, model)
         cold_at_ns = policy.cold_drop_at_ns(core, request)
         if cold_at_ns is not None:
-            heapq.heappush(core.drop_timers, (cold_at_ns, next_seq(core), True, request))
+            _heappush(core.drop_timers, (cold_at_ns, next_seq(core), True, request))
 
 
 def requeue(core: CoreState, policy: QueuePolicy, request: RequestState) -> None:

@@ -28,6 +28,10 @@ from .queues import RequestStatus
 from .requests import answer
 from .state import CoreState, new_action_id, next_seq, predict
 
+# Final: compiled, kept in a C static rather than looked up on the module per call.
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
+
 # Bound on fills of one executor per event (no ping-pong between copies).
 FILLS_PER_EXECUTOR: Final = 4
 
@@ -37,7 +41,7 @@ def run_due(core: CoreState, policy: Policy) -> None:
     now_ns = core.now_ns
     timers = core.exec_timers
     while timers and timers[0][0] <= now_ns:
-        _, _, version, executor = heapq.heappop(timers)
+        _, _, version, executor = _heappop(timers)
         if version == executor.timer_version and executor.alive:
             executor.timer_at_ns = -1
             core.to_fill[executor.executor_id] = executor
@@ -47,11 +51,14 @@ def run_due(core: CoreState, policy: Policy) -> None:
 
 def run_fills(core: CoreState, policy: Policy) -> None:
     """Fill every executor queued in ``core.to_fill`` (fills may queue others)."""
-    fills: dict[str, int] = {}
     to_fill = core.to_fill
+    if not to_fill:
+        return  # (most arrivals under load: no dict to build)
+    fills: dict[str, int] = {}
     while to_fill:
-        executor_id = next(iter(to_fill))
-        executor = to_fill.pop(executor_id)
+        executor_id = _first_key(to_fill)  # the oldest entry: fills go in the order asked
+        executor = to_fill[executor_id]
+        del to_fill[executor_id]
         done = fills.get(executor_id, 0)
         if not executor.alive:
             continue
@@ -60,6 +67,14 @@ def run_fills(core: CoreState, policy: Policy) -> None:
             continue
         fills[executor_id] = done + 1
         fill(core, policy, executor)
+
+
+def _first_key(entries: dict[str, ExecutorState]) -> str:
+    """The first key of a non-empty dict (a loop: compiled, ``next(iter(...))`` is two
+    generic calls). Raises KeyError when empty."""
+    for key in entries:
+        return key
+    raise KeyError("no entries")
 
 
 def fill(core: CoreState, policy: Policy, executor: ExecutorState) -> None:
@@ -146,14 +161,14 @@ def _pop_model(core: CoreState, executor: ExecutorState) -> ModelState | None:
     heap = executor.heap
     loaded = executor.loaded
     while heap:
-        key_ns, _, version, model = heapq.heappop(heap)
+        key_ns, _, version, model = _heappop(heap)
         if version != model.version or model.retired or model.name not in loaded:
             continue
         head = model.peek()
         if head is None:
             continue
         if head.key_ns != key_ns:  # the head was answered: re-sort on the real head
-            heapq.heappush(heap, (head.key_ns, next_seq(core), version, model))
+            _heappush(heap, (head.key_ns, next_seq(core), version, model))
             continue
         return model
     return None
@@ -201,7 +216,7 @@ def run_drops(core: CoreState, policy: Policy) -> None:
     now_ns = core.now_ns
     timers = core.drop_timers
     while timers and timers[0][0] <= now_ns:
-        _, _, cold, request = heapq.heappop(timers)
+        _, _, cold, request = _heappop(timers)
         if request.status is not RequestStatus.QUEUED:
             continue
         model = request.model
@@ -216,10 +231,10 @@ def next_wake_ns(core: CoreState) -> int | None:
     """Return when the core next needs a Tick (earliest live timer), or None."""
     timers = core.exec_timers
     while timers and (timers[0][2] != timers[0][3].timer_version or not timers[0][3].alive):
-        heapq.heappop(timers)
+        _heappop(timers)
     drops = core.drop_timers
     while drops and _stale_drop(drops[0][2], drops[0][3].status, drops[0][3].model):
-        heapq.heappop(drops)
+        _heappop(drops)
     if not drops:
         return timers[0][0] if timers else None
     if not timers:

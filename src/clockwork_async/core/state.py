@@ -98,7 +98,15 @@ def predict(core: CoreState, model: ModelState, executor: ExecutorState) -> Kind
 def best_exec_b1_ns(core: CoreState, model: ModelState) -> int:
     """Return the fastest predicted batch-1 execute time over the kinds present (or seeds)."""
     b1 = model.spec.batch_sizes[0]
-    return min(_kind_predictions(core, model, kind).exec_ns[b1] for kind in _kinds(core, model))
+    # A loop, not min(generator): compiled, min() of an iterable is a generic call.
+    best_ns: int | None = None
+    for kind in _kinds(core, model):
+        exec_ns = _kind_predictions(core, model, kind).exec_ns[b1]
+        if best_ns is None or exec_ns < best_ns:
+            best_ns = exec_ns
+    if best_ns is None:
+        raise ValueError("min() arg is an empty sequence")  # as min() would
+    return best_ns
 
 
 def best_load_ns(core: CoreState, model: ModelState) -> int:

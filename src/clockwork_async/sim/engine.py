@@ -21,13 +21,12 @@ Invariants:
 
 from __future__ import annotations
 
+import heapq
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from heapq import heappop, heappush
-from itertools import count
-from typing import Any, Protocol, TextIO
+from typing import Any, Final, Protocol, TextIO, cast
 
 import numpy as np
 
@@ -50,12 +49,15 @@ from clockwork_async.core.events import (
 )
 from clockwork_async.core.outcomes import Outcome
 
-from .executors import LaneIndex, SimExecutor
+from .executors import LaneIndex, SimExecutor, SimLane
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
-from .workloads import Workload, request_slos_ns
+from .workloads import OpenLoop, Workload, request_slos_ns
 
 NS_PER_S = 1_000_000_000
+# Final: a compiled module keeps these in C statics instead of looking them up per call.
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 _OK = Outcome.OK  # enum attribute lookups are slow in hot paths
 EXECUTOR_KIND = "simulated"
 
@@ -180,12 +182,13 @@ class Simulation:
         self.stats = SimStats(config.interval_ns)
         self.now_ns = 0
         self._heap: list[tuple[int, int, int, object, object]] = []
-        self._seq = count()
+        self._last_seq = 0  # the heap's tie-breaker: events at one time run in push order
         self._pending: dict[int, tuple[int, int, int, bool]] = {}  # id -> inst, arr, ddl, cold
         self._next_request_id = 0
         self._scheduled_arrivals = 0
         self._wake_generation = 0
         self._last_reply_ns = 0
+        self._open_loop = isinstance(workload, OpenLoop)  # after_reply is always None
         self._names = [model_name(i) for i in range(workload.instances)]
         self._slos_ns = request_slos_ns(workload)  # a replayed log's own SLOs
         self._instance_of = {name: i for i, name in enumerate(self._names)}
@@ -197,13 +200,6 @@ class Simulation:
         self._wall_start = self._last_progress = 0.0
         self._rng = workload_rng(config.seed)
         self.executors = self._make_executors(noise_seed(config.seed))
-        self._dispatch = {
-            StartLoad: self._send_action,
-            StartInfer: self._send_action,
-            StartUnload: self._send_action,
-            Reply: self._on_reply,
-            WakeAt: self._on_wake_at,
-        }
 
     def _make_executors(self, noise_seed: int) -> dict[str, SimExecutor]:
         """Executors ``e0``..``e{N-1}``, each with its own seeded noise generator."""
@@ -228,10 +224,13 @@ class Simulation:
         self._announce()
         heap, step = self._heap, self._step
         for times_ns, instances in self.workload.open_arrivals(self._rng):
-            for arrival_ns, instance in zip(times_ns, instances, strict=True):
+            if len(times_ns) != len(instances):
+                raise ValueError("a workload's piece has as many times as instances")
+            for index in range(len(times_ns)):  # (indexing: native lists when compiled)
+                arrival_ns = times_ns[index]
                 while heap and heap[0][0] <= arrival_ns:
-                    step(heappop(heap))
-                self._arrive(arrival_ns, instance)
+                    step(_heappop(heap))
+                self._arrive(arrival_ns, instances[index])
         self._drain(self.workload.duration_ns)
         self._finish(wall_start)
         return self.stats
@@ -270,7 +269,7 @@ class Simulation:
         while heap and (self._pending or self._scheduled_arrivals):
             if heap[0][0] > max(end_ns, self._last_reply_ns) + quiet_ns:
                 break
-            self._step(heappop(heap))
+            self._step(_heappop(heap))
 
     def _finish(self, wall_start: float) -> None:
         stats = self.stats
@@ -284,12 +283,15 @@ class Simulation:
     def _step(self, event: tuple[int, int, int, object, object]) -> None:
         now_ns, _, kind, first, second = event
         self.now_ns = now_ns
+        # The casts check the type and let the compiled engine call the method directly.
         if kind <= 1:
-            first.on_event(kind, second, now_ns)  # type: ignore[attr-defined]
+            cast(SimExecutor, first).on_event(kind, cast(SimLane, second), now_ns)
         elif kind == EV_RESULT:
-            self._feed(first, now_ns)  # type: ignore[arg-type]
+            self._feed(cast(ActionFinished, first), now_ns)
         elif kind == EV_DELIVER:
-            first.deliver(second, now_ns)  # type: ignore[attr-defined]
+            cast(SimExecutor, first).deliver(
+                cast(StartInfer | StartLoad | StartUnload, second), now_ns
+            )
         elif kind == EV_TICK:
             if first == self._wake_generation:
                 self._feed(Tick(), now_ns)
@@ -319,14 +321,23 @@ class Simulation:
         )
 
     def _schedule(self, time_ns: int, kind: int, first: object, second: object) -> None:
-        heappush(self._heap, (time_ns, next(self._seq), kind, first, second))
+        self._last_seq += 1
+        _heappush(self._heap, (time_ns, self._last_seq, kind, first, second))
 
     # --- the controller side ------------------------------------------------------------
 
     def _feed(self, event: Event, now_ns: int) -> None:
         self.now_ns = now_ns
         for command in self.controller.handle(event, now_ns):
-            self._dispatch[type(command)](command, now_ns)  # type: ignore[operator]
+            # Most common first; isinstance lets the compiled engine call each directly.
+            if isinstance(command, Reply):
+                self._on_reply(command, now_ns)
+            elif isinstance(command, (StartInfer, StartLoad, StartUnload)):
+                self._send_action(command, now_ns)
+            elif isinstance(command, WakeAt):
+                self._on_wake_at(command, now_ns)
+            else:
+                raise TypeError(f"the simulator cannot perform {command!r}")
 
     def _arrive(self, now_ns: int, instance: int) -> None:
         self.now_ns = now_ns
@@ -383,6 +394,8 @@ class Simulation:
                 reply.action_id,
                 cold,
             )
+        if self._open_loop:
+            return  # no client waits for this reply to send again
         next_ns = self.workload.after_reply(instance, now_ns, ok)
         if next_ns is not None:
             self._scheduled_arrivals += 1
