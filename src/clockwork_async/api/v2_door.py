@@ -9,12 +9,12 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; an HTTP request with JSON tensors, whose parse is most of its cost, is screened
-once before its body is parsed (`Door.refused_unread`, with the SLO its head gives, else
-only against the loop's cap) and again, as every request, with the SLO its body gives; a client batch
-of N rows is submitted as N requests and answered as one (`api.rows`, as the msgpack session
-does). Where the daemon has an IO arena, each row's
-tensors are copied once into a slot of their own (`api.v2_arena`), as the msgpack API reads
-its tensors into one, so local executors read them by reference.
+once before its body is parsed (`Door.refused_unread`, with the SLO its head gives, else only
+against the loop's cap) and again, as every request, with the SLO its body gives; a client
+batch of N rows is submitted as N requests and answered as one (`api.rows`, as the msgpack
+session does). Where the daemon has an IO arena, each row's tensors are copied once into a slot
+of their own (`api.v2_arena`), as the msgpack API reads its tensors into one, so local
+executors read them by reference.
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
