@@ -125,7 +125,7 @@ async def test_a_bad_head_slo_is_bad_input(http: Front, value: str) -> None:
     assert not http.service.submitted and http.answers == [("http", "bad_input")]
 
 
-async def test_the_wait_since_its_turn_goes_to_the_screen_before_the_parse(http: Front) -> None:
+async def test_the_wait_since_its_turn_goes_to_both_screens(http: Front) -> None:
     body = infer_body([1, 2, 3, 4], parameters={"slo_ms": 30})
     url = bytearray(INFER.format("echo").encode())
     turn_ns = time.monotonic_ns() - 50 * MS_NS  # its task waited 50 ms for the loop
@@ -135,9 +135,10 @@ async def test_the_wait_since_its_turn_goes_to_the_screen_before_the_parse(http:
     service = http.service
     assert len(service.screens) == 2 and len(service.submitted) == 1
     before_parse, after_parse = service.waits_ns
-    # the screen before the parse judges the loop by the wait too (a refusal saves the parse),
-    # the one after it by the work booked ahead alone, as every front end's
-    assert 50 * MS_NS <= before_parse < 10_000 * MS_NS and after_parse == 0
+    # both screens judge the loop by the wait too: the one before the parse (a refusal saves
+    # the parse) only against the loop's cap, as its head gives no SLO; the one after it with
+    # the SLO its body gives (a request admitted after its wait would answer late)
+    assert 50 * MS_NS <= before_parse <= after_parse < 10_000 * MS_NS
     assert service.submitted[0].slo_ns == 30 * MS_NS  # an admitted one's SLO: from the door
 
 
@@ -146,4 +147,4 @@ async def test_a_request_read_from_a_socket_is_stamped_at_its_turn(http: Front) 
     reply = await conn.ask(request("POST", INFER.format("echo"), infer_body([1, 2, 3, 4])))
     assert reply.status == 200
     before_parse, after_parse = http.service.waits_ns
-    assert before_parse > 0 and after_parse == 0  # stamped: a wait of some ns
+    assert 0 < before_parse <= after_parse  # stamped: a wait of some ns

@@ -155,6 +155,7 @@ class Door:
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object = None,
         body: Slot | None = None,
+        waited_ns: int = 0,
     ) -> Answer:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
         ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
@@ -162,9 +163,10 @@ class Door:
         arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
         request path (shutting down, over the cap, a bad version or tensors, no room in the
         arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
-        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`)."""
+        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`);
+        ``waited_ns``: its wait for the loop, for the screen (`refused_unread`)."""
         target, served_version, reason, placed = self._placed(
-            model, version, slo_ns, nbytes, build, owner, body
+            model, version, slo_ns, nbytes, build, owner, body, waited_ns
         )
         tickets = [_Ticket() for _ in placed]
         futures: list[asyncio.Future[InferOutcome]] = []
@@ -195,6 +197,7 @@ class Door:
         build: Callable[[], Mapping[str, np.ndarray]],
         owner: object,
         body: Slot | None,
+        waited_ns: int = 0,
     ) -> tuple[str, int, str | None, list[Placed]]:
         """The request up to its submit: where it goes, the screen's refusal (if any), and its
         rows, each with its arena slot. ``body`` ends kept as a row's slot or released,
@@ -202,7 +205,8 @@ class Door:
         handed = False
         try:
             host = self.host
-            target, served_version, reason = self._screened(model, version, slo_ns, nbytes)
+            screened = self._screened(model, version, slo_ns, nbytes, waited_ns)
+            target, served_version, reason = screened
             inputs: Mapping[str, np.ndarray] = {}
             if reason is None:
                 try:

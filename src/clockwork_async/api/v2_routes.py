@@ -216,8 +216,9 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
         body = request.body_view()
         json_bytes = _header_bytes(request, body.nbytes)
         head_slo_ns = header_slo_ns(request.headers.get(SLO_HEADER), SLO_HEADER)
-        waited_ns = request.waited_ns()
-        if json_bytes == body.nbytes:  # JSON tensors: screened before the body is parsed
+        unread = json_bytes == body.nbytes  # JSON tensors: screened before the body is parsed
+        if unread:
+            waited_ns = request.waited_ns()
             refused = await door.refused_unread(model, version, head_slo_ns, body.nbytes, waited_ns)
             if refused is not None:
                 raise V2Error(refused.outcome.outcome.value, refused.outcome.message)
@@ -232,6 +233,7 @@ async def infer(door: Door, request: HttpRequest, model: str, version: str | Non
             lambda: build_inputs(header, body[json_bytes:]),
             request.owner,
             request.in_slot.take() if request.in_slot is not None else None,
+            request.waited_ns() if unread else 0,  # and again with the SLO its body gives
         )
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):
