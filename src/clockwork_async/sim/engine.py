@@ -63,6 +63,7 @@ NS_PER_S = 1_000_000_000
 _heappush: Final = heapq.heappush
 _heappop: Final = heapq.heappop
 _OK = Outcome.OK  # enum attribute lookups are slow in hot paths
+_TICK: Final = Tick()  # one for every Tick: it has no fields and is frozen
 EXECUTOR_KIND = "simulated"
 
 # Engine event kinds (executor lane events use 0 and 1, see sim.executors).
@@ -231,7 +232,7 @@ class Simulation:
         """Run to the end of the workload and drain; return the stats (also ``self.stats``)."""
         wall_start = self._wall_start = self._last_progress = time.perf_counter()
         self._announce()
-        heap, step, ready = self._heap, self._step, self._ready
+        heap, ready = self._heap, self._ready
         # Not while announcing or draining: the drain may stop with a result unfed.
         self._direct_results = self._result_shortcut
         for times_ns, instances in self.workload.open_arrivals(self._rng):
@@ -240,7 +241,7 @@ class Simulation:
             for index in range(len(times_ns)):  # (indexing: native lists when compiled)
                 arrival_ns = times_ns[index]
                 while heap and heap[0][0] <= arrival_ns:
-                    step(_heappop(heap))
+                    self._step(_heappop(heap))  # (not a local: a bound method is a generic call)
                     if ready:
                         self._flush_results()
                 self._arrive(arrival_ns, instances[index])
@@ -310,7 +311,7 @@ class Simulation:
             )
         elif kind == EV_TICK:
             if first == self._wake_generation:
-                self._feed(Tick(), now_ns)
+                self._feed(_TICK, now_ns)
         else:
             self._scheduled_arrivals -= 1
             self._arrive(now_ns, first)  # type: ignore[arg-type]
@@ -321,7 +322,7 @@ class Simulation:
         events due before it (earlier, or at its instant with a smaller seq), including those
         pushed while feeding, and before the rest. Results added meanwhile join the queue (their
         seqs are larger)."""
-        ready, heap, step = self._ready, self._heap, self._step
+        ready, heap = self._ready, self._heap
         index = 0
         while index < len(ready):
             seq, finished = ready[index]
@@ -331,7 +332,7 @@ class Simulation:
                 head_ns = heap[0][0]
                 if head_ns > now_ns or (head_ns == now_ns and heap[0][1] > seq):
                     break
-                step(_heappop(heap))
+                self._step(_heappop(heap))
             self._feed(finished, now_ns)
             self._count_event()
         ready.clear()
