@@ -40,15 +40,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks import guard_e2e
-from clockwork_async.sim.engine import (
-    ACTION_LOG_FIELDS,
-    REQUEST_LOG_FIELDS,
-    SimConfig,
-    Simulation,
-    build_controller,
-)
+from clockwork_async.sim.engine import SimConfig, Simulation, build_controller
 from clockwork_async.sim.profiles import RESNET50_V100
 from clockwork_async.sim.report import capacity_rps
+from clockwork_async.sim.stats import ACTION_LOG_FIELDS, REQUEST_LOG_FIELDS
 from clockwork_async.sim.trace import TraceMapping, read_azure_trace
 from clockwork_async.sim.workloads import OpenLoop, bursty, poisson, trace_replay
 

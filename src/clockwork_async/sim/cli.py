@@ -18,19 +18,12 @@ from typing import Any
 from clockwork_async.core.config import ConfigError, ControllerConfig
 
 from .compare import compare
-from .engine import (
-    ACTION_LOG_FIELDS,
-    REQUEST_LOG_FIELDS,
-    SimConfig,
-    Simulation,
-    build_controller,
-    model_name,
-)
+from .engine import SimConfig, Simulation, build_controller, model_name
 from .mmpp import DEFAULT_ALPHA, DEFAULT_LEVELS, DEFAULT_SOJOURN_S, mmpp
 from .profiles import ProfileError, SimProfile, resolve_profile
 from .replay import RequestLogError, read_request_log, replay
 from .report import capacity_rps, summarize, write_plots
-from .stats import RecordWriter, SimStats
+from .stats import ACTION_LOG_FIELDS, REQUEST_LOG_FIELDS, RecordWriter, SimStats
 from .trace import TraceFormatError, TraceMapping, read_azure_trace
 from .workloads import (
     Workload,

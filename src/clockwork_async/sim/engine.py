@@ -72,33 +72,6 @@ EV_RESULT = 3  # an executor's result reaches the controller
 EV_TICK = 4  # a WakeAt fires
 EV_ARRIVAL = 5  # a closed-loop request is sent
 
-REQUEST_LOG_FIELDS = (
-    "request_id",
-    "model",
-    "arrival_ns",
-    "deadline_ns",
-    "reply_ns",
-    "outcome",
-    "latency_ns",
-    "executor",
-    "action_id",
-    "cold",
-)
-ACTION_LOG_FIELDS = (
-    "action_id",
-    "executor",
-    "type",
-    "model",
-    "batch_size",
-    "requests",
-    "issued_ns",
-    "earliest_ns",
-    "latest_ns",
-    "start_ns",
-    "end_ns",
-    "code",
-)
-
 
 class ControllerLike(Protocol):
     """The one entry point of the core."""

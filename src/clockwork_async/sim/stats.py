@@ -169,6 +169,35 @@ def latency_summary_ms(histogram_us: Mapping[int, int]) -> dict[str, float | Non
     return summary
 
 
+# The columns of the engine's logs (`RecordSink`): one row per reply, one per finished action.
+REQUEST_LOG_FIELDS = (
+    "request_id",
+    "model",
+    "arrival_ns",
+    "deadline_ns",
+    "reply_ns",
+    "outcome",
+    "latency_ns",
+    "executor",
+    "action_id",
+    "cold",
+)
+ACTION_LOG_FIELDS = (
+    "action_id",
+    "executor",
+    "type",
+    "model",
+    "batch_size",
+    "requests",
+    "issued_ns",
+    "earliest_ns",
+    "latest_ns",
+    "start_ns",
+    "end_ns",
+    "code",
+)
+
+
 class RecordSink(Protocol):
     """Where the engine writes a log: a `RecordWriter`, or any object with these two methods
     (benchmarks.guard collects rows in memory). A Protocol, so that the compiled engine (mypyc
