@@ -229,7 +229,7 @@ def test_our_variables_that_are_not_config_keys_are_skipped() -> None:
     """A shell that holds the CLI's token or a build switch can still start the daemon (the
     token and ``CLOCKWORK_ASYNC_PURE`` were refused as unknown config keys)."""
     assert {TOKEN_ENV, PURE_VARIABLE, "CLOCKWORK_ASYNC_COMPILE"} <= OTHER_VARIABLES
-    assert "MODE_VARIABLE = \"CLOCKWORK_ASYNC_COMPILE\"" in (REPO / "setup.py").read_text()
+    assert 'MODE_VARIABLE = "CLOCKWORK_ASYNC_COMPILE"' in (REPO / "setup.py").read_text()
     environ = {name: "1" for name in OTHER_VARIABLES}
     heartbeat = {"CLOCKWORK_ASYNC_EXECUTOR_LINK_HEARTBEAT_INTERVAL_MS": "50"}
     config = load(environ={**environ, **heartbeat})
