@@ -54,9 +54,6 @@ PREDICTORS: dict[str, dict[str, Any]] = {
     "w50-p95": {"window_size": 50, "percentile": 95.0},
     "w100-p99": {"window_size": 100},
     "w100-p95": {"window_size": 100, "percentile": 95.0},
-    "w50-a2": {"window_size": 50, "prediction_miss_budget": 0.02},  # adaptive, 2% over
-    "w50-a5": {"window_size": 50, "prediction_miss_budget": 0.05},
-    "w20-a5": {"window_size": 20, "prediction_miss_budget": 0.05},
 }
 
 

@@ -39,9 +39,6 @@ class ControllerConfig:
     # Predictions: a sliding window of measured durations, predicting a percentile of it.
     window_size: int = 10
     percentile: float = 99.0
-    # > 0: each window adapts its percentile (starting at `percentile`) so that this share of
-    # measurements comes out over the prediction (docs/controller.md); 0: a fixed percentile.
-    prediction_miss_budget: float = 0.0
     # A prediction that refused a request and saw no measurement for this long forgets its
     # largest sample when that is over outlier_factor x the window's median (docs/controller.md).
     prediction_stale_ns: int = 1_000 * MS_NS
@@ -88,8 +85,6 @@ class ControllerConfig:
             raise ConfigError("warm_up_infers", self.warm_up_infers, expected)
         if not 0.0 < self.percentile <= 100.0:
             raise ConfigError("percentile", self.percentile, "in (0, 100]")
-        if not 0.0 <= self.prediction_miss_budget < 1.0:
-            raise ConfigError("prediction_miss_budget", self.prediction_miss_budget, "in [0, 1)")
         if not 0.0 <= self.margin_fraction < 1.0:
             raise ConfigError("margin_fraction", self.margin_fraction, "in [0, 1)")
         if self.margin_max_ns < self.margin_min_ns:

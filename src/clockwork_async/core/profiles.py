@@ -7,13 +7,6 @@ Invariants: a window is seeded with the model's offline profile for that kind an
 with the *slowest* seed over the kinds it has (conservative: late results are the one bug we
 must not have), and counted in ``fallback_seeds``.
 
-Adaptive percentile (``miss_budget`` > 0, off by default; docs/controller.md, "Predictions
-under contention"): each execute and LOAD window moves its own percentile after every sample,
-up by ``ADAPT_STEP_PERCENT`` x (1 - budget) when the sample was over the prediction, down by
-``ADAPT_STEP_PERCENT`` x budget when not, within [``ADAPT_FLOOR_PERCENT``, 100]: the share of
-samples over their prediction then tends to the budget, whatever the distribution. It starts at
-``percentile``. With samples all alike every percentile gives the same prediction.
-
 Recovery: a window only learns from actions that run, so one slow outlier could make every
 request look infeasible, and then nothing runs to correct it. `Predictions.relax` (called when
 a request is refused) lets a window that has had no sample for ``stale_ns`` forget its largest
@@ -31,41 +24,25 @@ from dataclasses import dataclass
 from .events import ModelProfile, ModelSpec
 
 RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
-ADAPT_STEP_PERCENT = 5.0  # adaptive percentile: how far one sample moves it (x miss - budget)
-ADAPT_FLOOR_PERCENT = 50.0  # never below the median
 
 
 class SlidingWindow:
     """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank).
     ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
-    result each) instead of sorting the window again. With ``miss_budget`` > 0 the percentile
-    adapts (the module's "Adaptive percentile")."""
+    result each) instead of sorting the window again."""
 
-    __slots__ = (
-        "_miss_budget",
-        "_ordered",
-        "_samples",
-        "_size",
-        "percentile",
-        "updated_ns",
-        "value_ns",
-    )
+    __slots__ = ("_ordered", "_percentile", "_samples", "_size", "updated_ns", "value_ns")
 
-    def __init__(
-        self, size: int, percentile: float, seed_ns: int, miss_budget: float = 0.0
-    ) -> None:
+    def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
         self._samples: deque[int] = deque([seed_ns], maxlen=size)
         self._size = size  # the deque's maxlen, kept as a plain int
         self._ordered: list[int] = [seed_ns]
-        self.percentile = percentile
-        self._miss_budget = miss_budget
+        self._percentile = percentile
         self.value_ns = seed_ns
         self.updated_ns = 0  # when a sample last came (or was forgotten)
 
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
-        """Add a measurement and update ``value_ns`` (and an adaptive percentile)."""
-        if self._miss_budget > 0.0:
-            self._adapt(sample_ns > self.value_ns)
+        """Add a measurement and update ``value_ns``."""
         samples, ordered = self._samples, self._ordered
         if len(samples) == self._size:  # the oldest sample leaves the window
             ordered.remove(samples[0])
@@ -73,12 +50,6 @@ class SlidingWindow:
         _insort(ordered, sample_ns)
         self.updated_ns = now_ns
         self._set_value()
-
-    def _adapt(self, missed: bool) -> None:
-        """Move the percentile towards a share of misses equal to the budget."""
-        budget = self._miss_budget
-        step = ADAPT_STEP_PERCENT * (1.0 - budget) if missed else -ADAPT_STEP_PERCENT * budget
-        self.percentile = min(100.0, max(ADAPT_FLOOR_PERCENT, self.percentile + step))
 
     def forget_outlier(self, now_ns: int, stale_ns: int, factor: float) -> bool:
         """Drop the largest sample if no sample came for ``stale_ns`` and it is over ``factor``
@@ -107,7 +78,7 @@ class SlidingWindow:
 
     def _set_value(self) -> None:
         ordered = self._ordered
-        rank = math.ceil(self.percentile / 100.0 * len(ordered)) - 1
+        rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
         self.value_ns = ordered[max(0, rank)]
 
 
@@ -135,21 +106,14 @@ class KindPredictions:
     )
 
     def __init__(
-        self,
-        profile: ModelProfile,
-        kind: str,
-        seed_kind: str,
-        size: int,
-        percentile: float,
-        miss_budget: float = 0.0,
+        self, profile: ModelProfile, kind: str, seed_kind: str, size: int, percentile: float
     ) -> None:
         self.kind = kind
         self.seed_kind = seed_kind  # == kind unless seeded from a fallback
         self._exec_windows = {
-            batch: SlidingWindow(size, percentile, ns, miss_budget)
-            for batch, ns in profile.execute_ns.items()
+            batch: SlidingWindow(size, percentile, ns) for batch, ns in profile.execute_ns.items()
         }
-        self._load_window = SlidingWindow(size, percentile, profile.load_ns, miss_budget)
+        self._load_window = SlidingWindow(size, percentile, profile.load_ns)
         self.exec_ns: dict[int, int] = dict(profile.execute_ns)
         self.load_ns = profile.load_ns
         self.targets: dict[int, int] = {}  # a cache for the admission ledger (ledger.py)
@@ -223,10 +187,9 @@ class PredictionErrorStats:
 class Predictions:
     """All predictions of the core, created lazily per (model, kind)."""
 
-    def __init__(self, window_size: int, percentile: float, miss_budget: float = 0.0) -> None:
+    def __init__(self, window_size: int, percentile: float) -> None:
         self._size = window_size
         self._percentile = percentile
-        self._miss_budget = miss_budget
         self._by_model: dict[str, dict[str, KindPredictions]] = {}
         self.fallback_seeds = 0
         self._totals: dict[str, _ErrorTotals] = {}
@@ -298,13 +261,10 @@ class Predictions:
     def _seed(self, spec: ModelSpec, kind: str) -> KindPredictions:
         profile = spec.profiles.get(kind)
         if profile is not None:
-            return self._predictions(profile, kind, kind)
+            return KindPredictions(profile, kind, kind, self._size, self._percentile)
         self.fallback_seeds += 1
-        return self._predictions(slowest_profile(spec), kind, "*slowest*")
-
-    def _predictions(self, profile: ModelProfile, kind: str, seed_kind: str) -> KindPredictions:
-        size, percentile, budget = self._size, self._percentile, self._miss_budget
-        return KindPredictions(profile, kind, seed_kind, size, percentile, budget)
+        slowest = slowest_profile(spec)
+        return KindPredictions(slowest, kind, "*slowest*", self._size, self._percentile)
 
     def _note(self, action: str, model: str, kind: str, batch_size: int, error_ns: int) -> None:
         self._recent.append((action, model, kind, batch_size, error_ns))

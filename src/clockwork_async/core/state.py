@@ -43,9 +43,7 @@ class CoreState:
 
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
-        self.predictions = Predictions(
-            config.window_size, config.percentile, config.prediction_miss_budget
-        )
+        self.predictions = Predictions(config.window_size, config.percentile)
         self.models: dict[str, ModelState] = {}
         self.retiring: dict[str, ModelState] = {}  # unregistered, copies not yet unloaded
         self.requests: dict[int, RequestState] = {}
