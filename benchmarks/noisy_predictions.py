@@ -54,6 +54,9 @@ PREDICTORS: dict[str, dict[str, Any]] = {
     "w50-p95": {"window_size": 50, "percentile": 95.0},
     "w100-p99": {"window_size": 100},
     "w100-p95": {"window_size": 100, "percentile": 95.0},
+    "pool-w10-p99": {"pooled_window_size": 10},  # one window for every batch size
+    "pool-w20-p99": {"pooled_window_size": 20},
+    "pool-w50-p99": {"pooled_window_size": 50},
 }
 
 

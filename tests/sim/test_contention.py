@@ -85,22 +85,29 @@ def test_a_duration_lies_between_the_work_and_factor_times_it(
         assert work_ns <= duration_ns <= round(factor * work_ns) + 1
 
 
-def _run(contention: Contention | None, seed: int = 3) -> tuple[int, int, int]:
+def _run(contention: Contention | None, seed: int = 3, **core: int) -> tuple[int, int, int, int]:
     profile = resolve_profile("resnet50-v100")
     config = SimConfig(profile=profile, slo_ns=30 * MS, seed=seed, contention=contention)
     workload = poisson(1, 600.0, 2.0)
-    stats = Simulation(config, workload, build_controller("clockwork")).run()
+    stats = Simulation(config, workload, build_controller("clockwork", core)).run()
     outcomes = stats.outcomes
-    return outcomes["ok"], outcomes["infeasible"], outcomes["late"]
+    return outcomes["ok"], outcomes["infeasible"], outcomes["late"], outcomes["dropped"]
 
 
 def test_contention_is_seeded_and_slows_the_run() -> None:
     contention = Contention.parse("3,0.35,10")
     assert _run(contention) == _run(contention)
-    ok_with, _, _ = _run(contention)
-    ok_without, _, late_without = _run(None)
+    ok_with, _, _, _ = _run(contention)
+    ok_without, _, late_without, _ = _run(None)
     assert ok_with < ok_without
     assert late_without == 0
+
+
+def test_pooled_predictions_decide_the_same_without_contention_only() -> None:
+    """Durations equal to the profile: every ratio is 1, so pooling changes nothing."""
+    assert _run(None, pooled_window_size=50) == _run(None)
+    contention = Contention.parse("3,0.35,10")
+    assert _run(contention, pooled_window_size=50) != _run(contention)
 
 
 def test_the_bound_still_holds_under_contention_but_not_noise() -> None:
