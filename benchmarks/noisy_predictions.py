@@ -15,7 +15,9 @@ spells: p99/p50 2.0 and a window of 10 usually all fast); ``fit`` 3,0.35,10 (fit
 real-time runs of docs/benchmarks.md, "Real time at 200% load": p99/p50 3.0 against 1.4-4.3
 measured, the median of a window of 10's maximum 2.45x p50 against 2.4-2.7x).
 
-Predictors are ControllerConfig overrides (``PREDICTORS``). Per run: ok, goodput, the share of
+Predictors are ControllerConfig overrides (``PREDICTORS``): ``wN-pQ`` a window of N per batch
+size at percentile Q; ``pool-wN-p99`` one window of N ratios to the profile for every batch size
+(``pooled_window_size``). Per run: ok, goodput, the share of
 the bound (`sim.bound`: it holds under contention, which only slows), `late`, `dropped` and
 refusals. Writes ``results/noisy_predictions.json`` and prints a Markdown table. Outcomes are
 virtual-time results, whatever the machine's load.
