@@ -128,14 +128,18 @@ def markdown(rows: list[dict[str, Any]], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.noisy_predictions")
-    parser.add_argument("--minutes", type=float, default=0.25)
-    parser.add_argument("--seeds", default="1,2")
-    parser.add_argument("--only", default=",".join(WORKLOADS))
-    parser.add_argument("--predictors", default=",".join(PREDICTORS))
-    parser.add_argument("--contention", default=",".join(CONTENTION))
-    args = parser.parse_args(argv)
+    parser.add_argument("--minutes", type=float, default=0.25, help="simulated minutes a run")
+    parser.add_argument("--seeds", default="1,2", help="comma-separated seeds")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help="workloads")
+    parser.add_argument("--predictors", default=",".join(PREDICTORS), help="predictors")
+    parser.add_argument("--contention", default=",".join(CONTENTION), help="contention levels")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = []
     for workload_name in args.only.split(","):
