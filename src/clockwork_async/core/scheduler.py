@@ -19,7 +19,7 @@ from typing import Final
 
 from .agenda import arm_timer, note_pressure, nudge, push_head, push_heads
 from .batching import Batch
-from .entities import Action, ActionKind, ExecutorState, ModelState
+from .entities import Action, ActionKind, ExecutorState, ModelState, RequestState
 from .events import WakeAt
 from .ledger import unbook_dispatched
 from .outcomes import Outcome
@@ -229,21 +229,35 @@ def run_drops(core: CoreState, policy: Policy) -> None:
 
 def next_wake_ns(core: CoreState) -> int | None:
     """Return when the core next needs a Tick (earliest live timer), or None."""
-    timers = core.exec_timers
-    while timers and (timers[0][2] != timers[0][3].timer_version or not timers[0][3].alive):
+    timer_ns = _first_live_timer_ns(core.exec_timers)
+    drop_ns = _first_live_drop_ns(core.drop_timers)
+    if drop_ns is None:
+        return timer_ns
+    if timer_ns is None:
+        return drop_ns
+    return min(timer_ns, drop_ns)
+
+
+# The two below unpack each heap head once: compiled, every ``heap[0][i]`` converts the
+# whole entry (each int in it) to read one field.
+def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> int | None:
+    """Return the earliest live timer's time (stale heads are popped on the way), or None."""
+    while timers:
+        at_ns, _, version, executor = timers[0]
+        if version == executor.timer_version and executor.alive:
+            return at_ns
         _heappop(timers)
-    drops = core.drop_timers
-    while drops and _stale_drop(drops[0][2], drops[0][3].status, drops[0][3].model):
+    return None
+
+
+def _first_live_drop_ns(drops: list[tuple[int, int, bool, RequestState]]) -> int | None:
+    """Return the earliest live drop timer's time (stale heads are popped), or None."""
+    while drops:
+        at_ns, _, cold, request = drops[0]
+        if request.status is RequestStatus.QUEUED and not (cold and request.model.has_copy()):
+            return at_ns
         _heappop(drops)
-    if not drops:
-        return timers[0][0] if timers else None
-    if not timers:
-        return drops[0][0]
-    return min(timers[0][0], drops[0][0])
-
-
-def _stale_drop(cold: bool, status: RequestStatus, model: ModelState) -> bool:
-    return status is not RequestStatus.QUEUED or (cold and model.has_copy())
+    return None
 
 
 def emit_wake(core: CoreState) -> None:
