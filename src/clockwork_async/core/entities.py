@@ -317,6 +317,8 @@ class ExecutorState:
         "busy_at_ns",
         "exec_lane",
         "executor_id",
+        "fill_round",
+        "fills_in_round",
         "heap",
         "infers_by_model",
         "joined_ns",
@@ -353,6 +355,9 @@ class ExecutorState:
         self.heap: list[tuple[int, int, int, ModelState]] = []
         self.timer_version = 0
         self.timer_at_ns = -1
+        # Fills in one `run_fills` call (scheduler.py): its round number, and how many.
+        self.fill_round = 0
+        self.fills_in_round = 0
         self.busy = 0.0  # decayed committed execute time per unit time
         self.busy_at_ns = joined_ns
         self.alive = True

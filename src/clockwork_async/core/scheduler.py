@@ -53,19 +53,22 @@ def run_fills(core: CoreState, policy: Policy) -> None:
     """Fill every executor queued in ``core.to_fill`` (fills may queue others)."""
     to_fill = core.to_fill
     if not to_fill:
-        return  # (most arrivals under load: no dict to build)
-    fills: dict[str, int] = {}
+        return  # (most arrivals under load)
+    # Each executor counts its fills of this call on itself (no dict by id per call).
+    core.fill_rounds += 1
+    fill_round = core.fill_rounds
     while to_fill:
         executor_id = _first_key(to_fill)  # the oldest entry: fills go in the order asked
         executor = to_fill[executor_id]
         del to_fill[executor_id]
-        done = fills.get(executor_id, 0)
+        if executor.fill_round != fill_round:
+            executor.fill_round, executor.fills_in_round = fill_round, 0
         if not executor.alive:
             continue
-        if done >= FILLS_PER_EXECUTOR:
+        if executor.fills_in_round >= FILLS_PER_EXECUTOR:
             arm_timer(core, executor, core.now_ns + 1)  # finish on the next event
             continue
-        fills[executor_id] = done + 1
+        executor.fills_in_round += 1
         fill(core, policy, executor)
 
 
