@@ -36,6 +36,7 @@ class Lane:
     """One lane of an executor (execute or load): strictly one action at a time."""
 
     __slots__ = (
+        "_overrun_slot",
         "base_ns",
         "cold_extra",
         "cold_extra_ns",
@@ -60,19 +61,27 @@ class Lane:
         self.cold_extra = SlidingWindow(size, percentile, 0) if warm_gap_ns else None
         self.cold_extra_ns = 0
         # How far the last OVERRUN_WINDOW back-to-back executions ran over their predictions
-        # (0 for those that did not), and the largest: admission leaves that much room.
-        self.overruns: deque[int] = deque()
+        # (0 for those that did not), and the largest: admission leaves that much room. A
+        # ring (a list, not a deque: compiled, a deque's methods are generic calls); once
+        # full, ``_overrun_slot`` is the oldest's slot.
+        self.overruns: list[int] = []
+        self._overrun_slot = 0
         self.overrun_ns = 0
 
     def note_overrun(self, over_ns: int) -> None:
         """Count an execution's measured minus predicted duration in ``overrun_ns``."""
         overruns = self.overruns
         over_ns = max(over_ns, 0)
-        overruns.append(over_ns)
-        # overrun_ns is the window's maximum. Only when the maximum leaves and the new value
-        # is below it must the window be searched again (most executions end on time: 0, 0).
-        if len(overruns) > OVERRUN_WINDOW:
-            oldest_ns = overruns.popleft()
+        if len(overruns) < OVERRUN_WINDOW:
+            overruns.append(over_ns)
+        else:  # the new value takes the oldest's slot
+            slot = self._overrun_slot
+            oldest_ns = overruns[slot]
+            overruns[slot] = over_ns
+            self._overrun_slot = (slot + 1) % OVERRUN_WINDOW
+            # overrun_ns is the window's maximum. Only when the maximum leaves and the new
+            # value is below it must the window be searched again (most executions end on
+            # time: 0, 0).
             if oldest_ns == self.overrun_ns and over_ns < oldest_ns:
                 self.overrun_ns = max(overruns)
                 return

@@ -386,11 +386,12 @@ class Simulation:
         self._schedule(max(command.time_ns, now_ns), EV_TICK, self._wake_generation, None)
 
     def _on_reply(self, reply: Reply, now_ns: int) -> None:
-        entry = self._pending.pop(reply.request_id, None)
+        entry = self._pending.get(reply.request_id)  # get and del: compiled, pop is generic
         if entry is None:
             known = 0 <= reply.request_id < self._next_request_id
             self.stats.violations["second_reply" if known else "reply_to_unknown_request"] += 1
             return
+        del self._pending[reply.request_id]
         instance, arrival_ns, deadline_ns, cold = entry
         self._last_reply_ns = now_ns
         outcome = reply.outcome
