@@ -12,8 +12,6 @@ its predicted end without a result) is resynchronised: that action is assumed to
 
 from __future__ import annotations
 
-from collections import deque
-
 from .profiles import SlidingWindow
 
 OVERRUN_WINDOW = 16  # executions whose overrun of their prediction a lane remembers
@@ -50,7 +48,9 @@ class Lane:
     )
 
     def __init__(self, warm_gap_ns: int = 0, size: int = 1, percentile: float = 100.0) -> None:
-        self.outstanding: deque[Planned] = deque()
+        # Committed, no result yet, in order (a list, not a deque: compiled with mypyc, a
+        # deque's methods are generic calls; a lane holds a few actions).
+        self.outstanding: list[Planned] = []
         self.base_ns = 0  # measured end of the last finished action
         self.end_ns = 0  # predicted end of all committed work
         self.lead_ns = 0  # an action sent now starts no earlier than this from now
@@ -155,7 +155,7 @@ class Lane:
         first = self.outstanding[0]
         first.planned_end_ns = now_ns
         end_ns = now_ns
-        for action in list(self.outstanding)[1:]:
+        for action in self.outstanding[1:]:
             action.planned_end_ns = max(action.earliest_ns, end_ns) + action.predicted_ns
             end_ns = action.planned_end_ns
         self.end_ns = end_ns

@@ -35,6 +35,9 @@ _heappop: Final = heapq.heappop
 # Bound on fills of one executor per event (no ping-pong between copies).
 FILLS_PER_EXECUTOR: Final = 4
 
+# No timer is live: later than any (146 years of ns), and still a native int when compiled.
+NO_WAKE_NS: Final = (1 << 62) - 1
+
 
 def run_due(core: CoreState, policy: Policy) -> None:
     """Do everything due at ``core.now_ns``: timers, fills, drops; then ask for the next wake."""
@@ -230,43 +233,38 @@ def run_drops(core: CoreState, policy: Policy) -> None:
         answer(core, request, Outcome.DROPPED, policy.drop_message(cold))
 
 
-def next_wake_ns(core: CoreState) -> int | None:
-    """Return when the core next needs a Tick (earliest live timer), or None."""
-    timer_ns = _first_live_timer_ns(core.exec_timers)
-    drop_ns = _first_live_drop_ns(core.drop_timers)
-    if drop_ns is None:
-        return timer_ns
-    if timer_ns is None:
-        return drop_ns
-    return min(timer_ns, drop_ns)
+def next_wake_ns(core: CoreState) -> int:
+    """Return when the core next needs a Tick (earliest live timer), or NO_WAKE_NS."""
+    return min(_first_live_timer_ns(core.exec_timers), _first_live_drop_ns(core.drop_timers))
 
 
-# The two below unpack each heap head once: compiled, every ``heap[0][i]`` converts the
-# whole entry (each int in it) to read one field.
-def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> int | None:
-    """Return the earliest live timer's time (stale heads are popped on the way), or None."""
+# The two below unpack each heap head once (compiled, every ``heap[0][i]`` converts the whole
+# entry, each int in it, to read one field) and answer a plain int (NO_WAKE_NS for none: an
+# ``int | None`` is a boxed int, allocated, every pass).
+def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> int:
+    """Return the earliest live timer's time (stale heads are popped on the way)."""
     while timers:
         at_ns, _, version, executor = timers[0]
         if version == executor.timer_version and executor.alive:
             return at_ns
         _heappop(timers)
-    return None
+    return NO_WAKE_NS
 
 
-def _first_live_drop_ns(drops: list[tuple[int, int, bool, RequestState]]) -> int | None:
-    """Return the earliest live drop timer's time (stale heads are popped), or None."""
+def _first_live_drop_ns(drops: list[tuple[int, int, bool, RequestState]]) -> int:
+    """Return the earliest live drop timer's time (stale heads are popped on the way)."""
     while drops:
         at_ns, _, cold, request = drops[0]
         if request.status is RequestStatus.QUEUED and not (cold and request.model.has_copy()):
             return at_ns
         _heappop(drops)
-    return None
+    return NO_WAKE_NS
 
 
 def emit_wake(core: CoreState) -> None:
     """Append a WakeAt when the next needed Tick is earlier than the one already asked for."""
     wake_ns = next_wake_ns(core)
-    if wake_ns is None:
+    if wake_ns == NO_WAKE_NS:
         return
     pending_ns = core.wake_pending_ns
     if pending_ns is None or pending_ns <= core.now_ns or wake_ns < pending_ns:
