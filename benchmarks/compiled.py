@@ -5,7 +5,7 @@
 
 ``DIR`` holds a compiled build (``pip install --no-deps --target DIR <wheel>``, see
 docs/benchmarks.md "Compiled core"); default: ``$CLOCKWORK_ASYNC_COMPILED``. Every measurement
-runs twice in fresh processes, pure first (``CLOCKWORK_ASYNC_PURE=1``: the same install's
+but ``overhead`` runs twice in fresh processes, pure first (``CLOCKWORK_ASYNC_PURE=1``: the same install's
 ``.py`` files loaded as source), then compiled, so the two see the same source and, as far as a
 shared machine allows, the same load (the 1-minute load average is recorded beside each).
 
@@ -15,9 +15,10 @@ shared machine allows, the same load (the 1-minute load average is recorded besi
   minutes, quick 30 s). Outcome counts and the INFER batch-size histogram must be identical.
 - ``controller``: ``benchmarks.controller`` (``--quick`` passed on): the core's own CPU per
   request, replaying recorded event logs into a fresh core (best of 3).
-- ``overhead``: ``benchmarks.overhead --no-flipped`` (``--quick`` passed on): the daemon's
-  serial round trip, pipelined throughput and the controller's CPU per request (core, driver,
-  sends; from the daemon's stats).
+- ``overhead``: ``benchmarks.overhead --no-flipped`` (``--quick`` passed on) run once, the
+  compiled daemon and a pure one (``--before``) in interleaved blocks: the daemon's serial round
+  trip, pipelined throughput and the controller's CPU per request (core, driver, sends; from
+  the daemon's stats), each daemon's build checked from its stats.
 - ``scale``: ``benchmarks.scale`` (``--quick`` passed on): wall seconds per virtual second and
   the core's µs per request at 10 to 150 executors.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -147,13 +149,20 @@ def _sim_verdict(runs: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare_overhead(install: Path, quick: bool) -> dict[str, Any]:
+    """One `benchmarks.overhead` run of the compiled build with a pure daemon beside it
+    (``--before``: an interpreter that selects the pure build), their blocks interleaved so
+    that the machine's load hits both alike."""
     rows: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as folder:
-        for build in BUILDS:
-            out = Path(folder) / f"overhead-{build}.json"
-            flags = ["--no-flipped", "--json", str(out), *(["--quick"] if quick else [])]
-            run_child(install, build, ["-m", "benchmarks.overhead", *flags])
-            daemon = json.loads(out.read_text())["targets"]["daemon"]
+        out = Path(folder) / "overhead.json"
+        flags = ["--no-flipped", "--json", str(out), *(["--quick"] if quick else [])]
+        flags += ["--before", str(pure_interpreter(Path(folder)))]
+        run_child(install, "compiled", ["-m", "benchmarks.overhead", *flags])
+        targets = json.loads(out.read_text())["targets"]
+        for build, name in (("pure", "daemon-before"), ("compiled", "daemon")):
+            daemon = targets[name]
+            if daemon.get("core_build") != build:
+                raise RuntimeError(f"the {build} daemon ran core {daemon.get('core_build')!r}")
             rows[build] = {
                 "controller_cost_per_request_us": daemon.get("controller_cost_per_request"),
                 "serial_round_trip_us": daemon["serial_round_trip"],
@@ -162,6 +171,14 @@ def compare_overhead(install: Path, quick: bool) -> dict[str, Any]:
                 "load_average_1m": daemon["load_average_1m"],
             }
     return rows
+
+
+def pure_interpreter(folder: Path) -> Path:
+    """An executable in ``folder`` that runs this interpreter with the pure build selected."""
+    path = folder / "python-pure"
+    path.write_text(f'#!/bin/sh\n{PURE_VARIABLE}=1 exec {shlex.quote(sys.executable)} "$@"\n')
+    path.chmod(0o755)
+    return path
 
 
 def compare_scale(install: Path, quick: bool) -> dict[str, Any]:

@@ -252,11 +252,16 @@ class Target:
     # over the serial blocks (what one request costs each side, whatever else the machine runs).
     processes: dict[str, int] = field(default_factory=dict)
     process_cost: dict[str, Counter[str]] = field(default_factory=dict)
+    core_build: str = ""  # a daemon's `stats` build.core: "compiled" or "pure"
 
     async def block(self, plan: Plan, in_flight: int, phase: str) -> None:
         """One serial or pipelined block, with the daemon's cost counted around it."""
         self.before_block()
-        before = cost_totals(await self.client.stats()) if self.is_daemon else Counter()
+        before: Counter[str] = Counter()
+        if self.is_daemon:
+            stats = await self.client.stats()
+            before = cost_totals(stats)
+            self.core_build = stats.get("build", {}).get("core", "")
         self.samples.load_averages.append(load_average())
         if phase == "serial":
             counted = {name: process_counters(pid) for name, pid in self.processes.items()}
@@ -426,6 +431,7 @@ def target_report(target: Target) -> dict[str, Any]:
         row["pipelined_batch_sizes"] = dict(sorted(s.batch_sizes.items()))
         row["controller_cost_per_request"] = per_request_us(s.cost)
         row["processes_per_serial_request"] = per_serial_request(target)
+        row["core_build"] = target.core_build
     return row
 
 

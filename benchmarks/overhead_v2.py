@@ -35,6 +35,7 @@ import contextlib
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,7 @@ class Samples:
     daemon_cpu_ns: dict[str, int] = field(default_factory=lambda: {"serial": 0, "concurrent": 0})
     client_cpu_ns: dict[str, int] = field(default_factory=lambda: {"serial": 0, "concurrent": 0})
     wall_ns: dict[str, int] = field(default_factory=lambda: {"serial": 0, "concurrent": 0})
+    concurrent_threads_ns: Counter[str] = field(default_factory=Counter)  # daemon CPU by thread
 
 
 Infer = Callable[[], Awaitable[None]]
@@ -95,13 +97,20 @@ class Target:
 
 def process_cpu_ns(pid: int) -> int:
     """CPU time of every thread of ``pid`` so far (ns, from the scheduler's statistics)."""
-    total = 0
+    return sum(thread_cpu_ns(pid).values())
+
+
+def thread_cpu_ns(pid: int) -> Counter[str]:
+    """CPU time so far (ns) of the threads of ``pid``, summed by thread name (``comm``): the
+    event loop's thread carries the process's name, grpcio's and the lanes' their own."""
+    spent: Counter[str] = Counter()
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            total += int((task / "schedstat").read_text().split()[0])
+            name = (task / "comm").read_text().strip()
+            spent[name] += int((task / "schedstat").read_text().split()[0])
         except (OSError, IndexError, ValueError):
             continue  # a thread that ended meanwhile
-    return total
+    return spent
 
 
 async def targets_of(daemon: DaemonProcess, suffix: str = "") -> list[Target]:
@@ -141,7 +150,7 @@ async def targets_of(daemon: DaemonProcess, suffix: str = "") -> list[Target]:
 
 async def block(target: Target, phase: str, count: int, in_flight: int) -> None:
     samples, pid = target.samples, target.pid
-    daemon_before, client_before = process_cpu_ns(pid), time.process_time_ns()
+    threads_before, client_before = thread_cpu_ns(pid), time.process_time_ns()
     start_ns = time.perf_counter_ns()
     if phase == "serial":
         for _ in range(count):
@@ -159,7 +168,11 @@ async def block(target: Target, phase: str, count: int, in_flight: int) -> None:
 
         await asyncio.gather(*(worker() for _ in range(in_flight)))
     samples.wall_ns[phase] += time.perf_counter_ns() - start_ns
-    samples.daemon_cpu_ns[phase] += process_cpu_ns(pid) - daemon_before
+    threads = thread_cpu_ns(pid)
+    threads.subtract(threads_before)
+    samples.daemon_cpu_ns[phase] += sum(threads.values())
+    if phase == "concurrent":
+        samples.concurrent_threads_ns.update(threads)
     samples.client_cpu_ns[phase] += time.process_time_ns() - client_before
     samples.requests[phase] += count
 
@@ -199,6 +212,10 @@ def report(targets: list[Target], in_flight: int) -> dict[str, Any]:
             row[f"{phase}_daemon_cpu_us_per_request"] = round(s.daemon_cpu_ns[phase] / n / 1e3, 1)
             row[f"{phase}_client_cpu_us_per_request"] = round(s.client_cpu_ns[phase] / n / 1e3, 1)
             row[f"{phase}_rps"] = round(n / (s.wall_ns[phase] / 1e9), 1)
+        n = s.requests["concurrent"]
+        row["concurrent_daemon_cpu_us_per_request_by_thread"] = {
+            name: round(ns / n / 1e3, 1) for name, ns in s.concurrent_threads_ns.most_common()
+        }
         rows[target.name] = row
     for name, row in rows.items():
         base = rows["msgpack-before" if name.endswith("-before") else "msgpack"]
@@ -237,6 +254,10 @@ def print_report(result: dict[str, Any]) -> None:
         ])  # fmt: skip
     print(table(headers, rows))
     print(f"\nin flight when concurrent: {result['in_flight']}; goal: daemon CPU <= 1.5x msgpack")
+    print("\ndaemon CPU µs per request by thread, concurrent:")
+    for name, row in result["targets"].items():
+        threads = row["concurrent_daemon_cpu_us_per_request_by_thread"]
+        print(f"  {name}: " + ", ".join(f"{t} {us}" for t, us in threads.items() if us >= 1))
 
 
 def build_parser() -> argparse.ArgumentParser:

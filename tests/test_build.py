@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import tomllib
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import clockwork_async
 from clockwork_async import build
 from clockwork_async.cli import main
 from clockwork_async.daemon.metrics import _build_info
+from clockwork_async.testing import SIM_EXECUTOR, DaemonProcess, clean_environ, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILED_VARIABLE = "CLOCKWORK_ASYNC_COMPILED"
@@ -245,3 +247,35 @@ def test_compiled_and_pure_cores_decide_the_same() -> None:
     assert (compiled["core"], pure["core"]) == ("compiled", "pure")
     assert compiled["digests"] == pure["digests"]
     assert len(pure["digests"]) == 4  # type: ignore[arg-type]
+
+
+# --- a daemon started for a test or a benchmark runs the build it was asked for ---------------
+
+
+def test_clean_environ_keeps_the_build_switch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A side-by-side benchmark's "pure" daemon ran the compiled core while `clean_environ`
+    dropped ``CLOCKWORK_ASYNC_PURE`` with the daemon's config variables."""
+    monkeypatch.setenv(build.PURE_VARIABLE, "1")
+    monkeypatch.setenv("CLOCKWORK_ASYNC_SERVER_LISTEN", "127.0.0.1:1")
+    environment = clean_environ(tmp_path)
+    assert environment[build.PURE_VARIABLE] == "1"
+    assert "CLOCKWORK_ASYNC_SERVER_LISTEN" not in environment
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pure", [True, False])
+def test_a_daemon_runs_the_build_it_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, pure: bool
+) -> None:
+    install = compiled_install()
+    if install is None:
+        pytest.skip(f"no compiled build: not running one and {COMPILED_VARIABLE} is unset")
+    monkeypatch.setenv("PYTHONPATH", f"{install}{os.pathsep}{ROOT}")
+    monkeypatch.setenv(build.PURE_VARIABLE, "1" if pure else "0")
+    config = write_config(tmp_path, SIM_EXECUTOR)
+    with DaemonProcess.start(tmp_path, config) as daemon:
+        metrics = urllib.request.urlopen(daemon.metrics_url, timeout=10).read().decode()
+    expected = "pure" if pure else "compiled"
+    assert f'core="{expected}"' in metrics

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from clockwork_async.api.server import ServerLimits
+from clockwork_async.build import PURE_VARIABLE
+from clockwork_async.cli_client import TOKEN_ENV
 from clockwork_async.config.daemon import (
     MOVED_KEYS,
+    OTHER_VARIABLES,
     SECTIONS,
     ConfigError,
     DaemonConfig,
@@ -30,6 +33,8 @@ from clockwork_async.runtime.backoff import BackoffConfig
 from clockwork_async.runtime.executor_link import LinkConfig
 from clockwork_async.runtime.profiler import ProfilerConfig
 from clockwork_async.wire.addresses import TcpAddress
+
+REPO = Path(__file__).resolve().parents[1]
 
 MACHINE = MachineFacts(cpus=(0, 1), memory_bytes=8 << 30)
 TOKEN_A = "a" * 32
@@ -218,6 +223,18 @@ def test_unknown_environment_variables_with_our_prefix_are_refused() -> None:
         load(environ={"CLOCKWORK_ASYNC_EXECUTOR_LINK_HEARTBEAT_MS": "5"})
     link = load(environ={"CLOCKWORK_ASYNC_EXECUTOR_LINK_HEARTBEAT_INTERVAL_MS": "50"})
     assert link.executor_link.heartbeat_interval_ms == 50.0
+
+
+def test_our_variables_that_are_not_config_keys_are_skipped() -> None:
+    """A shell that holds the CLI's token or a build switch can still start the daemon (the
+    token and ``CLOCKWORK_ASYNC_PURE`` were refused as unknown config keys)."""
+    assert {TOKEN_ENV, PURE_VARIABLE, "CLOCKWORK_ASYNC_COMPILE"} <= OTHER_VARIABLES
+    assert 'MODE_VARIABLE = "CLOCKWORK_ASYNC_COMPILE"' in (REPO / "setup.py").read_text()
+    environ = {name: "1" for name in OTHER_VARIABLES}
+    heartbeat = {"CLOCKWORK_ASYNC_EXECUTOR_LINK_HEARTBEAT_INTERVAL_MS": "50"}
+    config = load(environ={**environ, **heartbeat})
+    assert config.executor_link.heartbeat_interval_ms == 50.0
+    assert config == load(environ=heartbeat)
 
 
 def test_every_controller_field_maps_from_its_key() -> None:

@@ -26,12 +26,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from clockwork_async.build import PURE_VARIABLE
+
 SERVING = re.compile(
     r"^clockwork-async serving: api=(\S+) metrics=(\S+)(?: http=(\S+))?(?: grpc=(\S+))?"
 )
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
 _OWN_VARIABLES = ("CLOCKWORK_ASYNC_", "NOTIFY_SOCKET", "WATCHDOG_", "STATE_DIRECTORY")
+# Kept, though ours: which build runs (a side-by-side run's pure daemon must run pure).
+_KEPT_VARIABLES = frozenset({PURE_VARIABLE})
 
 SIM_EXECUTOR = """
 [[executors]]
@@ -94,7 +98,11 @@ def add_model(repository: Path, name: str, onnx_bytes: bytes, model_toml: str = 
 def clean_environ(folder: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This environment minus the daemon's own and systemd's variables, with XDG homes in
     ``folder``, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_OWN_VARIABLES)}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _KEPT_VARIABLES or not k.startswith(_OWN_VARIABLES)
+    }
     env["XDG_STATE_HOME"] = str(folder / "state")
     env["XDG_CACHE_HOME"] = str(folder / "cache")
     env.update(extra or {})

@@ -44,6 +44,18 @@ from clockwork_async.wire.addresses import TcpAddress
 __all__ = ["ConfigError", "DaemonConfig", "TcpAddress", "load_config"]
 
 ENV_PREFIX = "CLOCKWORK_ASYNC_"
+# Variables with the prefix that are not config keys, skipped so that one shell can build, serve
+# and call: the CLI's token (cli_client.TOKEN_ENV), the build switches (setup.py's
+# CLOCKWORK_ASYNC_COMPILE, build.PURE_VARIABLE) and the compiled build the tests and benchmarks
+# are pointed at (tests/test_build.py). tests/test_config.py checks these names against theirs.
+OTHER_VARIABLES = frozenset(
+    {
+        "CLOCKWORK_ASYNC_TOKEN",
+        "CLOCKWORK_ASYNC_COMPILE",
+        "CLOCKWORK_ASYNC_PURE",
+        "CLOCKWORK_ASYNC_COMPILED",
+    }
+)
 MIN_TOKEN_CHARS = 16
 MiB = 1 << 20
 GiB = 1 << 30
@@ -294,7 +306,7 @@ class _Layers:
 
     def add_environ(self, environ: Mapping[str, str]) -> None:
         for name in sorted(environ):
-            if name.startswith(ENV_PREFIX):
+            if name.startswith(ENV_PREFIX) and name not in OTHER_VARIABLES:
                 section, key = _split_env_name(name, environ[name])
                 self._set(section, key, environ[name], f"${name}")
 

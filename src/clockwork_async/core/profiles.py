@@ -7,6 +7,14 @@ Invariants: a window is seeded with the model's offline profile for that kind an
 with the *slowest* seed over the kinds it has (conservative: late results are the one bug we
 must not have), and counted in ``fallback_seeds``.
 
+Pooled (``pooled_size`` > 0, off by default; docs/controller.md, "Predictions under
+contention"): per (model, kind) one window of the last ``pooled_size`` execute measurements of
+*any* batch size, each as its ratio to that batch size's seed (``RATIO_ONE`` = the seed); every
+batch size predicts its seed x the window's ``percentile`` ratio, rounded up. A slowdown one
+batch size runs into is then seen by all of them. Seeded with ``RATIO_ONE``, so the first
+predictions are the seeds; durations equal to the seeds keep every prediction at its seed.
+Probes, staleness and relaxing act on that window. LOAD keeps its own window.
+
 Recovery: a window only learns from actions that run, so one slow outlier could make every
 request look infeasible, and then nothing runs to correct it. `Predictions.relax` (called when
 a request is refused) lets a window that has had no sample for ``stale_ns`` forget its largest
@@ -24,6 +32,7 @@ from dataclasses import dataclass
 from .events import ModelProfile, ModelSpec
 
 RECENT_ERRORS = 1024  # how many recent prediction errors ``recent`` keeps
+RATIO_ONE = 1_000_000  # a pooled window's ratios are in millionths
 
 
 class SlidingWindow:
@@ -129,6 +138,8 @@ class KindPredictions:
     __slots__ = (
         "_exec_windows",
         "_load_window",
+        "_pooled",
+        "_seed_exec_ns",
         "exec_ns",
         "kind",
         "load_ns",
@@ -137,13 +148,23 @@ class KindPredictions:
     )
 
     def __init__(
-        self, profile: ModelProfile, kind: str, seed_kind: str, size: int, percentile: float
+        self,
+        profile: ModelProfile,
+        kind: str,
+        seed_kind: str,
+        size: int,
+        percentile: float,
+        pooled_size: int = 0,
     ) -> None:
         self.kind = kind
         self.seed_kind = seed_kind  # == kind unless seeded from a fallback
         self._exec_windows = {
             batch: SlidingWindow(size, percentile, ns) for batch, ns in profile.execute_ns.items()
         }
+        self._seed_exec_ns = dict(profile.execute_ns)
+        # Pooled (the module's "Pooled"): one window of measured / seed ratios, in RATIO_ONE
+        # units, for every batch size; the per-batch windows then go unused.
+        self._pooled = SlidingWindow(pooled_size, percentile, RATIO_ONE) if pooled_size else None
         self._load_window = SlidingWindow(size, percentile, profile.load_ns)
         self.exec_ns: dict[int, int] = dict(profile.execute_ns)
         self.load_ns = profile.load_ns
@@ -154,6 +175,11 @@ class KindPredictions:
         window = self._exec_windows.get(batch_size)
         if window is None:
             return 0
+        if self._pooled is not None:
+            error_ns = measured_ns - self.exec_ns[batch_size]
+            self._pooled.add(self._ratio(batch_size, measured_ns), now_ns)
+            self._took_pooled()
+            return error_ns
         error_ns = measured_ns - window.value_ns
         window.add(measured_ns, now_ns)
         self._took(batch_size, window)
@@ -168,12 +194,20 @@ class KindPredictions:
 
     def exec_stale(self, batch_size: int, now_ns: int, stale_ns: int) -> bool:
         """Whether the execute window of ``batch_size`` had no sample for ``stale_ns``."""
-        return now_ns - self._exec_windows[batch_size].updated_ns >= stale_ns
+        window = self._pooled or self._exec_windows[batch_size]
+        return now_ns - window.updated_ns >= stale_ns
 
     def record_probe(self, batch_size: int, measured_ns: int, now_ns: int, factor: float) -> int:
         """Record a probe's measurement (warm_up.py): the window was stale, so the samples
         over ``factor`` x this one describe a machine that has since changed: forgotten.
         Return the prediction error."""
+        if self._pooled is not None:
+            error_ns = measured_ns - self.exec_ns[batch_size]
+            ratio = self._ratio(batch_size, measured_ns)
+            self._pooled.add(ratio, now_ns)
+            self._pooled.forget_above(int(factor * ratio))
+            self._took_pooled()
+            return error_ns
         window = self._exec_windows[batch_size]
         error_ns = measured_ns - window.value_ns
         window.add(measured_ns, now_ns)
@@ -181,11 +215,32 @@ class KindPredictions:
         self._took(batch_size, window)
         return error_ns
 
+    def _ratio(self, batch_size: int, measured_ns: int) -> int:
+        """A measurement over its batch size's seed, in RATIO_ONE units (rounded down)."""
+        return measured_ns * RATIO_ONE // max(1, self._seed_exec_ns[batch_size])
+
+    def _took_pooled(self) -> None:
+        """Every batch size's prediction: its seed x the pooled window's ratio, rounded up."""
+        assert self._pooled is not None
+        ratio = self._pooled.value_ns
+        exec_ns, changed = self.exec_ns, False
+        for batch_size, seed_ns in self._seed_exec_ns.items():
+            value_ns = -(-seed_ns * ratio // RATIO_ONE)  # ceil: never below seed x ratio
+            if exec_ns[batch_size] != value_ns:
+                exec_ns[batch_size] = value_ns
+                changed = True
+        if changed:
+            self.targets.clear()
+
     def relax(self, now_ns: int, stale_ns: int, factor: float) -> None:
         """Let stale windows forget an outlier (see the module's "Recovery")."""
-        for batch_size, window in self._exec_windows.items():
-            if window.forget_outlier(now_ns, stale_ns, factor):
-                self._took(batch_size, window)
+        if self._pooled is not None:
+            if self._pooled.forget_outlier(now_ns, stale_ns, factor):
+                self._took_pooled()
+        else:
+            for batch_size, window in self._exec_windows.items():
+                if window.forget_outlier(now_ns, stale_ns, factor):
+                    self._took(batch_size, window)
         if self._load_window.forget_outlier(now_ns, stale_ns, factor):
             self.load_ns = self._load_window.value_ns
 
@@ -218,9 +273,10 @@ class PredictionErrorStats:
 class Predictions:
     """All predictions of the core, created lazily per (model, kind)."""
 
-    def __init__(self, window_size: int, percentile: float) -> None:
+    def __init__(self, window_size: int, percentile: float, pooled_size: int = 0) -> None:
         self._size = window_size
         self._percentile = percentile
+        self._pooled_size = pooled_size
         self._by_model: dict[str, dict[str, KindPredictions]] = {}
         self.fallback_seeds = 0
         self._totals: dict[str, _ErrorTotals] = {}
@@ -292,10 +348,13 @@ class Predictions:
     def _seed(self, spec: ModelSpec, kind: str) -> KindPredictions:
         profile = spec.profiles.get(kind)
         if profile is not None:
-            return KindPredictions(profile, kind, kind, self._size, self._percentile)
+            return self._predictions(profile, kind, kind)
         self.fallback_seeds += 1
-        slowest = slowest_profile(spec)
-        return KindPredictions(slowest, kind, "*slowest*", self._size, self._percentile)
+        return self._predictions(slowest_profile(spec), kind, "*slowest*")
+
+    def _predictions(self, profile: ModelProfile, kind: str, seed_kind: str) -> KindPredictions:
+        size, percentile, pooled_size = self._size, self._percentile, self._pooled_size
+        return KindPredictions(profile, kind, seed_kind, size, percentile, pooled_size)
 
     def _note(self, action: str, model: str, kind: str, batch_size: int, error_ns: int) -> None:
         self._recent.append((action, model, kind, batch_size, error_ns))

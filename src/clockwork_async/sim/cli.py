@@ -1,5 +1,7 @@
 """``clockwork-async simulate``: run the controller core on simulated executors in virtual time.
 
+One idea: the verb's flags, checked at the edge, into runs and their summaries.
+
 Flags are parsed and checked here, at the edge (bad ones: an argparse error, exit status 2);
 the run itself is `sim.engine`. Exit status 1 when a run lost a request or broke a core promise
 (see ``violations``), 0 otherwise.
@@ -18,6 +20,7 @@ from typing import Any
 from clockwork_async.core.config import ConfigError, ControllerConfig
 
 from .compare import compare
+from .contention import Contention, ContentionError
 from .engine import SimConfig, Simulation, build_controller, model_name
 from .mmpp import DEFAULT_ALPHA, DEFAULT_LEVELS, DEFAULT_SOJOURN_S, mmpp
 from .profiles import ProfileError, SimProfile, resolve_profile
@@ -83,6 +86,13 @@ def _float_list(text: str) -> list[float]:
         ) from None
 
 
+def _contention(text: str) -> Contention:  # (e.g. 3,0.35,10; sim/contention.py)
+    try:
+        return Contention.parse(text)
+    except ContentionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The simulate verb's flags."""
     parser = argparse.ArgumentParser(
@@ -124,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--message-delay-us", type=_non_negative, default=0.0, help="controller<->executor")
     add("--preload", action="store_true", help="start with instances resident (pages allowing)")
     add("--noise", type=_non_negative, default=0.0, help="relative stddev of durations")
+    contention_help = "a shared CPU: x FACTOR a SHARE of the time, in spells of SPELL_MS mean"
+    add("--contention", type=_contention, metavar="FACTOR,SHARE,SPELL_MS", help=contention_help)
     add("--interval-s", type=_positive(float), help="timeline resolution (default: automatic)")
     add("--progress-s", type=_non_negative, default=5.0, help="progress line period (0: off)")
     add("--json", type=Path, help="write the summary here")
@@ -269,6 +281,7 @@ def _sim_config(args: argparse.Namespace, profile: SimProfile, slo_ms: float) ->
         interval_ns=_interval_ns(args),
         progress_s=args.progress_s,
         preload=args.preload,
+        contention=args.contention,
     )
 
 
@@ -304,6 +317,7 @@ def _config_of(args: argparse.Namespace, profile: SimProfile, slo_ms: float) -> 
         "seed": args.seed,
         "message_delay_us": args.message_delay_us,
         "noise": args.noise,
+        "contention": args.contention.describe() if args.contention else None,
         "preload": args.preload,
     }
 

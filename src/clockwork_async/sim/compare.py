@@ -4,8 +4,9 @@ baseline does (`sim.greedy`), on the very arrivals of the run.
 Invariants: the arrivals are drawn again from the run's workload generator
 (`engine.workload_rng` of the run's seed), so they are the run's own; nothing here runs the
 core. The bound holds only for open-loop arrivals (a closed loop's arrivals depend on the
-replies) and for durations exactly the profile's (with noise a batch may run shorter): in
-those cases no bound is given, and the note says why.
+replies) and for durations no shorter than the profile's (with noise a batch may run shorter;
+contention, sim/contention.py, only slows, so the bound holds there): in the other cases no
+bound is given, and the note says why.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from clockwork_async.core.events import (
 )
 from clockwork_async.core.outcomes import Outcome
 
+from .contention import Contention, ContentionClock
 from .executors import LaneIndex, SimExecutor, SimLane
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
@@ -94,6 +95,7 @@ class SimConfig:
     drain_ns: int | None = None  # give up after this long without a reply; max(10 s, 10 SLOs)
     progress_s: float = 0.0  # seconds of wall time between progress lines (0: none)
     preload: bool = False  # start with instance i resident on executor i mod N (pages allowing)
+    contention: Contention | None = None  # a shared CPU's slow spells (sim/contention.py)
 
     def __post_init__(self) -> None:
         if self.executors < 1:
@@ -187,7 +189,8 @@ class Simulation:
         self.executors = self._make_executors(noise_seed(config.seed))
 
     def _make_executors(self, noise_seed: int) -> dict[str, SimExecutor]:
-        """Executors ``e0``..``e{N-1}``, each with its own seeded noise generator."""
+        """Executors ``e0``..``e{N-1}``, each with its own seeded noise generator (and
+        contention clock, on a generator of its own so that no other draw changes)."""
         config = self.config
         return {
             f"e{i}": SimExecutor(
@@ -197,9 +200,16 @@ class Simulation:
                 self._on_action_result,
                 config.noise,
                 random.Random(noise_seed + i),
+                self._contention_clock(noise_seed, i),
             )
             for i in range(config.executors)
         }
+
+    def _contention_clock(self, noise_seed: int, index: int) -> ContentionClock | None:
+        contention = self.config.contention
+        if contention is None:
+            return None
+        return ContentionClock(contention, random.Random(f"contention-{noise_seed}-{index}"))
 
     # --- running ------------------------------------------------------------------------
 

@@ -16,8 +16,10 @@ execute lane, each a `LaneQueue`. Invariants:
   lane and asks again whenever an UNLOAD ends (for at most ``UNLOAD_WAIT_NS``), else
   ``no_pages``. INFER of a model not loaded (or still loading) -> ``not_loaded``. UNLOAD of a
   model not loaded -> ``not_loaded``, else it frees the pages; it takes no time.
-- Durations come from the profile (seeded noise optional). As on a real executor, a LOAD's
-  ``start_ns`` is when its lane started it and its ``duration_ns`` the loading alone.
+- Durations come from the profile (seeded noise optional), stretched by the executor's
+  `ContentionClock` when the run models a shared CPU (sim/contention.py). As on a real
+  executor, a LOAD's ``start_ns`` is when its lane started it and its ``duration_ns`` the
+  loading alone.
 - Every delivered action gets exactly one result, through ``report``.
 """
 
@@ -43,6 +45,7 @@ from clockwork_async.lane_rules import (
 )
 from clockwork_async.wire.messages import ErrorCode
 
+from .contention import ContentionClock
 from .profiles import SimProfile
 
 Command = StartLoad | StartInfer | StartUnload
@@ -103,6 +106,7 @@ class SimExecutor:
         report: Report,
         noise: float = 0.0,
         rng: random.Random | None = None,
+        contention: ContentionClock | None = None,
     ) -> None:
         self.executor_id = executor_id
         self.profile = profile
@@ -114,6 +118,7 @@ class SimExecutor:
         self._report = report
         self._noise = noise
         self._rng = rng or random.Random(0)
+        self._contention = contention
 
     def deliver(self, command: Command, now_ns: int) -> None:
         """An action arrives from the controller at ``now_ns``: checked as the real host
@@ -191,7 +196,7 @@ class SimExecutor:
                 self._fail(command, ErrorCode.NOT_LOADED, now_ns)
                 return
             lane.running = (command, now_ns, now_ns)
-            duration_ns = self._duration(self.profile.execute_ns[command.batch_size])
+            duration_ns = self._duration(self.profile.execute_ns[command.batch_size], now_ns)
             self._schedule(now_ns + duration_ns, EV_LANE_DONE, self, lane)
         elif isinstance(command, StartLoad):
             self._start_load(lane, command, now_ns, now_ns)
@@ -222,13 +227,18 @@ class SimExecutor:
         self.models[command.model] = _LOADING
         lane.blocked = None
         lane.running = (command, start_ns, now_ns)
-        self._schedule(now_ns + self._duration(self.profile.load_ns), EV_LANE_DONE, self, lane)
+        self._schedule(
+            now_ns + self._duration(self.profile.load_ns, now_ns), EV_LANE_DONE, self, lane
+        )
 
-    def _duration(self, base_ns: int) -> int:
-        """The profile's duration, with seeded noise: base * max(0.5, 1 + noise * N(0, 1))."""
-        if not self._noise:
-            return base_ns
-        return round(base_ns * max(0.5, 1.0 + self._noise * self._rng.gauss(0.0, 1.0)))
+    def _duration(self, base_ns: int, now_ns: int) -> int:
+        """The profile's duration, with seeded noise: base * max(0.5, 1 + noise * N(0, 1)),
+        then stretched by contention for an action starting at ``now_ns``."""
+        if self._noise:
+            base_ns = round(base_ns * max(0.5, 1.0 + self._noise * self._rng.gauss(0.0, 1.0)))
+        if self._contention is not None:
+            return self._contention.stretch(now_ns, base_ns)
+        return base_ns
 
     def _finish(self, lane: SimLane, now_ns: int) -> None:
         assert lane.running is not None, "a lane finished with nothing running"
