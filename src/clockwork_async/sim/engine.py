@@ -158,8 +158,7 @@ class Simulation:
         self.config = config
         self.workload = workload
         self.controller = controller
-        # The production core, called directly (compiled: a native call and a native list,
-        # instead of a method looked up by name and a generic iteration, every pass).
+        # The production core, called directly (compiled: native, not through the Protocol).
         self._core = controller if isinstance(controller, Controller) else None
         self.stats = SimStats(config.interval_ns)
         self.now_ns = 0
