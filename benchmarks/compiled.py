@@ -4,10 +4,11 @@
                                   [--json results/compiled.json]
 
 ``DIR`` holds a compiled build (``pip install --no-deps --target DIR <wheel>``, see
-docs/benchmarks.md "Compiled core"); default: ``$CLOCKWORK_ASYNC_COMPILED``. Every measurement
-but ``overhead`` runs twice in fresh processes, pure first (``CLOCKWORK_ASYNC_PURE=1``: the same install's
-``.py`` files loaded as source), then compiled, so the two see the same source and, as far as a
-shared machine allows, the same load (the 1-minute load average is recorded beside each).
+docs/benchmarks.md "Compiled core"); default: ``$CLOCKWORK_ASYNC_COMPILED``. Every
+measurement but ``overhead`` runs twice in fresh processes, pure first
+(``CLOCKWORK_ASYNC_PURE=1``: the same install's ``.py`` files loaded as source), then compiled,
+so the two see the same source and, as far as a shared machine allows, the same load (the
+1-minute load average is recorded beside each).
 
 - ``sim``: simulated requests per wall second. The Azure Functions sample (when present; the
   first 10 minutes, quick 2, at twice the trace's rate onto 4,000 instances on 6 ResNet50-V100

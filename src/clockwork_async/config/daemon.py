@@ -44,18 +44,10 @@ from clockwork_async.wire.addresses import TcpAddress
 __all__ = ["ConfigError", "DaemonConfig", "TcpAddress", "load_config"]
 
 ENV_PREFIX = "CLOCKWORK_ASYNC_"
-# Variables with the prefix that are not config keys, skipped so that one shell can build, serve
-# and call: the CLI's token (cli_client.TOKEN_ENV), the build switches (setup.py's
-# CLOCKWORK_ASYNC_COMPILE, build.PURE_VARIABLE) and the compiled build the tests and benchmarks
-# are pointed at (tests/test_build.py). tests/test_config.py checks these names against theirs.
-OTHER_VARIABLES = frozenset(
-    {
-        "CLOCKWORK_ASYNC_TOKEN",
-        "CLOCKWORK_ASYNC_COMPILE",
-        "CLOCKWORK_ASYNC_PURE",
-        "CLOCKWORK_ASYNC_COMPILED",
-    }
-)
+# Ours but not config keys, skipped so that one shell can build, serve and call: the CLI's token,
+# the build switches (setup.py, build.py) and the compiled build tests and benchmarks use
+# (tests/test_build.py). tests/test_config.py checks these names against theirs.
+OTHER_VARIABLES = frozenset(ENV_PREFIX + name for name in ("TOKEN", "COMPILE", "PURE", "COMPILED"))
 MIN_TOKEN_CHARS = 16
 MiB = 1 << 20
 GiB = 1 << 30
