@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Generic, TypeVar
+from typing import Final, Generic, TypeVar
 
 NEVER_NS = 2**63 - 1  # a latest_ns that never passes
 UNTIMED = (0, NEVER_NS)  # the window of UNLOAD, REGISTER and UNREGISTER
@@ -43,6 +43,10 @@ class ActionKind(StrEnum):
     INFER = "infer"
     UNLOAD = "unload"
 
+
+# Final: compiled, kept in a C static rather than looked up on the module per call.
+_heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop
 
 LANE_OF: dict[ActionKind, str] = {
     ActionKind.REGISTER: REGISTER_LANE,
@@ -109,7 +113,7 @@ class LaneQueue(Generic[T]):
 
     def push(self, job: T, earliest_ns: int, latest_ns: int) -> None:
         """Queue ``job`` with its window."""
-        heapq.heappush(self._heap, (earliest_ns, self._seq, latest_ns, job))
+        _heappush(self._heap, (earliest_ns, self._seq, latest_ns, job))
         self._seq += 1
 
     def next_step(self, now_ns: int) -> Step[T]:
@@ -120,17 +124,17 @@ class LaneQueue(Generic[T]):
             return None
         earliest_ns, _, latest_ns, job = heap[0]
         if now_ns > latest_ns:
-            heapq.heappop(heap)
+            _heappop(heap)
             return RejectJob(job)
         if now_ns >= earliest_ns:
-            heapq.heappop(heap)
+            _heappop(heap)
             return RunJob(job)
         return WaitUntil(earliest_ns)
 
     def drain(self) -> list[T]:
         """Remove and return every queued job, in lane order."""
         heap = self._heap
-        return [heapq.heappop(heap)[3] for _ in range(len(heap))]
+        return [_heappop(heap)[3] for _ in range(len(heap))]
 
 
 class LoadVerdict(Enum):

@@ -116,20 +116,22 @@ class Controller:
         if now_ns < core.now_ns:
             raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
         event_type = type(event)
-        handler = self._handlers.get(event_type)
-        if handler is None:
+        # The per-request events and Tick skip the table: compiled, a direct call instead of
+        # a lambda's, and no dict lookup by type.
+        direct = event_type is RequestArrived or event_type is ActionFinished or event_type is Tick
+        handler = None if direct else self._handlers.get(event_type)
+        if handler is None and not direct:
             raise InvalidEvent(f"not a controller event: {event!r}")
         core.now_ns = now_ns
         if core.reservations:  # (few, only while registrations profile)
             hold_overdue(core)
-        # The per-request events skip the table: compiled, a direct call instead of a lambda's.
         if event_type is RequestArrived:
             on_request_arrived(core, self._policy, cast(RequestArrived, event))
         elif event_type is ActionFinished:
             on_action_finished(core, self._policy, cast(ActionFinished, event))
         elif event_type is Tick:
             self._on_tick(cast(Tick, event))
-        else:
+        elif handler is not None:
             handler(event)
 
     def schedule(self, now_ns: int) -> list[Command]:

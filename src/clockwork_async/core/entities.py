@@ -22,12 +22,12 @@ from enum import Enum
 
 from .errors import ControllerError
 from .events import ModelSpec, StartInfer
-from .lanes import Lane
+from .lanes import Lane, Planned
 from .profiles import KindPredictions
-from .queues import RequestQueue, RequestStatus
+from .queues import Queued, RequestQueue, RequestStatus
 
 
-class RequestState:
+class RequestState(Queued):
     """One accepted request. ``reply_by_ns`` is its true deadline (it is answered ``ok`` only
     by then); ``deadline_ns`` is that less the return hop at its arrival (by when its result
     must end on an executor); ``internal_deadline_ns`` is ``deadline_ns`` minus the safety
@@ -39,12 +39,10 @@ class RequestState:
         "booked_batch",
         "deadline_ns",
         "internal_deadline_ns",
-        "key_ns",
         "model",
         "planned_on",
         "reply_by_ns",
         "request_id",
-        "status",
     )
 
     def __init__(
@@ -70,6 +68,9 @@ class RequestState:
         # booked in.
         self.planned_on: ExecutorState | None = None
         self.booked_batch: BookedBatch | None = None
+
+    def queued_for(self) -> object:
+        return self.model
 
     def move(self, new: RequestStatus) -> None:
         """Transition to ``new``. Raises ControllerError on a transition that cannot happen."""
@@ -197,20 +198,17 @@ class ActionKind(Enum):
     UNLOAD = "unload"
 
 
-class Action:
+class Action(Planned):
     """An action the core sent and has not seen the result of."""
 
     __slots__ = (
         "action_id",
         "batch_size",
-        "earliest_ns",
         "executor_id",
         "kind",
         "latest_ns",
         "model",
         "pages",
-        "planned_end_ns",
-        "predicted_ns",
         "probe",
         "requests",
         "warm_up",
@@ -254,20 +252,11 @@ class Action:
         )
 
 
-class Reservation:
+class Reservation(Planned):
     """A lane (and pages) held for work the core does not plan (`ReserveLane`): planned on
     its lane like an action, so the lane's chain runs through it."""
 
-    __slots__ = (
-        "earliest_ns",
-        "executor",
-        "hold_ns",
-        "lane",
-        "pages",
-        "planned_end_ns",
-        "predicted_ns",
-        "reservation_id",
-    )
+    __slots__ = ("executor", "hold_ns", "lane", "pages", "reservation_id")
 
     def __init__(
         self, reservation_id: int, executor: ExecutorState, lane: Lane | None, pages: int
@@ -328,6 +317,8 @@ class ExecutorState:
         "busy_at_ns",
         "exec_lane",
         "executor_id",
+        "fill_round",
+        "fills_in_round",
         "heap",
         "infers_by_model",
         "joined_ns",
@@ -364,6 +355,9 @@ class ExecutorState:
         self.heap: list[tuple[int, int, int, ModelState]] = []
         self.timer_version = 0
         self.timer_at_ns = -1
+        # Fills in one `run_fills` call (scheduler.py): its round number, and how many.
+        self.fill_round = 0
+        self.fills_in_round = 0
         self.busy = 0.0  # decayed committed execute time per unit time
         self.busy_at_ns = joined_ns
         self.alive = True

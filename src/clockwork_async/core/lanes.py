@@ -12,16 +12,18 @@ its predicted end without a result) is resynchronised: that action is assumed to
 
 from __future__ import annotations
 
-from collections import deque
-from typing import Protocol
-
 from .profiles import SlidingWindow
 
 OVERRUN_WINDOW = 16  # executions whose overrun of their prediction a lane remembers
 
 
-class Planned(Protocol):
-    """What a lane reads and writes of an action (entities.Action)."""
+class Planned:
+    """What a lane reads and writes of the work on it: the base of entities.Action and
+    entities.Reservation, which set these fields. A base class, not a Protocol: compiled with
+    mypyc, a field is then read and written in place instead of looked up by name (and each
+    int boxed), several times per request."""
+
+    __slots__ = ("earliest_ns", "planned_end_ns", "predicted_ns")
 
     earliest_ns: int
     predicted_ns: int
@@ -32,6 +34,7 @@ class Lane:
     """One lane of an executor (execute or load): strictly one action at a time."""
 
     __slots__ = (
+        "_overrun_slot",
         "base_ns",
         "cold_extra",
         "cold_extra_ns",
@@ -45,7 +48,9 @@ class Lane:
     )
 
     def __init__(self, warm_gap_ns: int = 0, size: int = 1, percentile: float = 100.0) -> None:
-        self.outstanding: deque[Planned] = deque()
+        # Committed, no result yet, in order (a list, not a deque: compiled with mypyc, a
+        # deque's methods are generic calls; a lane holds a few actions).
+        self.outstanding: list[Planned] = []
         self.base_ns = 0  # measured end of the last finished action
         self.end_ns = 0  # predicted end of all committed work
         self.lead_ns = 0  # an action sent now starts no earlier than this from now
@@ -56,19 +61,27 @@ class Lane:
         self.cold_extra = SlidingWindow(size, percentile, 0) if warm_gap_ns else None
         self.cold_extra_ns = 0
         # How far the last OVERRUN_WINDOW back-to-back executions ran over their predictions
-        # (0 for those that did not), and the largest: admission leaves that much room.
-        self.overruns: deque[int] = deque()
+        # (0 for those that did not), and the largest: admission leaves that much room. A
+        # ring (a list, not a deque: compiled, a deque's methods are generic calls); once
+        # full, ``_overrun_slot`` is the oldest's slot.
+        self.overruns: list[int] = []
+        self._overrun_slot = 0
         self.overrun_ns = 0
 
     def note_overrun(self, over_ns: int) -> None:
         """Count an execution's measured minus predicted duration in ``overrun_ns``."""
         overruns = self.overruns
         over_ns = max(over_ns, 0)
-        overruns.append(over_ns)
-        # overrun_ns is the window's maximum. Only when the maximum leaves and the new value
-        # is below it must the window be searched again (most executions end on time: 0, 0).
-        if len(overruns) > OVERRUN_WINDOW:
-            oldest_ns = overruns.popleft()
+        if len(overruns) < OVERRUN_WINDOW:
+            overruns.append(over_ns)
+        else:  # the new value takes the oldest's slot
+            slot = self._overrun_slot
+            oldest_ns = overruns[slot]
+            overruns[slot] = over_ns
+            self._overrun_slot = (slot + 1) % OVERRUN_WINDOW
+            # overrun_ns is the window's maximum. Only when the maximum leaves and the new
+            # value is below it must the window be searched again (most executions end on
+            # time: 0, 0).
             if oldest_ns == self.overrun_ns and over_ns < oldest_ns:
                 self.overrun_ns = max(overruns)
                 return
@@ -142,7 +155,7 @@ class Lane:
         first = self.outstanding[0]
         first.planned_end_ns = now_ns
         end_ns = now_ns
-        for action in list(self.outstanding)[1:]:
+        for action in self.outstanding[1:]:
             action.planned_end_ns = max(action.earliest_ns, end_ns) + action.predicted_ns
             end_ns = action.planned_end_ns
         self.end_ns = end_ns

@@ -54,13 +54,25 @@ def best_quote(core: CoreState, model: ModelState, internal_deadline_ns: int) ->
     with no copy, a reserved or new LOAD then execute. None when no executor could hold it."""
     if not model.has_copy():
         return quote_cold(core, model, internal_deadline_ns)
-    best: Quote | None = None
+    # Loaded copies, then loading ones (two calls, not a loop over a tuple of both: compiled,
+    # a loop over a tuple is a generic iteration).
+    best = _best_copy_quote(core, model, model.loaded_on, None, internal_deadline_ns)
+    return _best_copy_quote(core, model, model.loading_on, best, internal_deadline_ns)
+
+
+def _best_copy_quote(
+    core: CoreState,
+    model: ModelState,
+    copies: dict[str, None],
+    best: Quote | None,
+    internal_deadline_ns: int,
+) -> Quote | None:
+    """Return the quote that ends soonest: ``best`` or one on a copy in ``copies``."""
     executors = core.executors
-    for copies in (model.loaded_on, model.loading_on):  # (not one tuple of both: a copy)
-        for executor_id in copies:
-            quote = quote_copy(core, model, executors[executor_id], internal_deadline_ns)
-            if best is None or quote.finish_ns < best.finish_ns:
-                best = quote
+    for executor_id in copies:
+        quote = quote_copy(core, model, executors[executor_id], internal_deadline_ns)
+        if best is None or quote.finish_ns < best.finish_ns:
+            best = quote
     return best
 
 

@@ -38,24 +38,42 @@ RATIO_ONE = 1_000_000  # a pooled window's ratios are in millionths
 class SlidingWindow:
     """The last ``size`` samples; ``value_ns`` is their ``percentile`` (nearest rank).
     ``_ordered`` holds the same samples sorted, kept up to date on each add (one INFER
-    result each) instead of sorting the window again."""
+    result each) instead of sorting the window again.
 
-    __slots__ = ("_ordered", "_percentile", "_samples", "_size", "updated_ns", "value_ns")
+    The samples sit in a ring of ``size`` slots (a list, not a deque: compiled with mypyc, a
+    deque's methods are generic calls); once it is full, ``_oldest`` is the oldest's slot."""
+
+    __slots__ = (
+        "_full_rank",
+        "_oldest",
+        "_ordered",
+        "_percentile",
+        "_samples",
+        "_size",
+        "updated_ns",
+        "value_ns",
+    )
 
     def __init__(self, size: int, percentile: float, seed_ns: int) -> None:
-        self._samples: deque[int] = deque([seed_ns], maxlen=size)
-        self._size = size  # the deque's maxlen, kept as a plain int
+        self._samples: list[int] = [seed_ns]
+        self._oldest = 0
+        self._size = size
         self._ordered: list[int] = [seed_ns]
         self._percentile = percentile
+        self._full_rank = _rank(percentile, size)  # the value's index once the window is full
         self.value_ns = seed_ns
         self.updated_ns = 0  # when a sample last came (or was forgotten)
 
     def add(self, sample_ns: int, now_ns: int = 0) -> None:
         """Add a measurement and update ``value_ns``."""
         samples, ordered = self._samples, self._ordered
-        if len(samples) == self._size:  # the oldest sample leaves the window
-            ordered.remove(samples[0])
-        samples.append(sample_ns)
+        if len(samples) == self._size:  # the oldest sample leaves the window: its slot
+            oldest = self._oldest
+            ordered.remove(samples[oldest])
+            samples[oldest] = sample_ns
+            self._oldest = (oldest + 1) % self._size
+        else:
+            samples.append(sample_ns)
         _insort(ordered, sample_ns)
         self.updated_ns = now_ns
         self._set_value()
@@ -68,17 +86,24 @@ class SlidingWindow:
         ordered = sorted(self._samples)
         if ordered[-1] <= factor * ordered[(len(ordered) - 1) // 2]:
             return False
-        self._samples.remove(ordered[-1])
+        samples = self._oldest_first()
+        samples.remove(ordered[-1])  # the oldest of the largest
+        self._samples, self._oldest = samples, 0
         self.updated_ns = now_ns
         self._update()
         return True
 
     def forget_above(self, limit_ns: int) -> None:
         """Drop every sample over ``limit_ns`` (a probe found the machine faster now)."""
-        kept = [sample for sample in self._samples if sample <= limit_ns]
+        kept = [sample for sample in self._oldest_first() if sample <= limit_ns]
         if kept and len(kept) < len(self._samples):
-            self._samples = deque(kept, maxlen=self._samples.maxlen)
+            self._samples, self._oldest = kept, 0
             self._update()
+
+    def _oldest_first(self) -> list[int]:
+        """A copy of the samples, oldest first."""
+        samples, oldest = self._samples, self._oldest
+        return samples[oldest:] + samples[:oldest]
 
     def _update(self) -> None:
         """Sort the window again (after samples left it other than oldest first)."""
@@ -87,8 +112,14 @@ class SlidingWindow:
 
     def _set_value(self) -> None:
         ordered = self._ordered
-        rank = math.ceil(self._percentile / 100.0 * len(ordered)) - 1
-        self.value_ns = ordered[max(0, rank)]
+        count = len(ordered)
+        rank = self._full_rank if count == self._size else _rank(self._percentile, count)
+        self.value_ns = ordered[rank]
+
+
+def _rank(percentile: float, count: int) -> int:
+    """The index of the nearest-rank ``percentile`` among ``count`` sorted samples."""
+    return max(0, math.ceil(percentile / 100.0 * count) - 1)
 
 
 def _insort(ordered: list[int], value_ns: int) -> None:

@@ -19,7 +19,7 @@ from typing import Final
 
 from .agenda import arm_timer, note_pressure, nudge, push_head, push_heads
 from .batching import Batch
-from .entities import Action, ActionKind, ExecutorState, ModelState
+from .entities import Action, ActionKind, ExecutorState, ModelState, RequestState
 from .events import WakeAt
 from .ledger import unbook_dispatched
 from .outcomes import Outcome
@@ -34,6 +34,9 @@ _heappop: Final = heapq.heappop
 
 # Bound on fills of one executor per event (no ping-pong between copies).
 FILLS_PER_EXECUTOR: Final = 4
+
+# No timer is live: later than any (146 years of ns), and still a native int when compiled.
+NO_WAKE_NS: Final = (1 << 62) - 1
 
 
 def run_due(core: CoreState, policy: Policy) -> None:
@@ -53,19 +56,22 @@ def run_fills(core: CoreState, policy: Policy) -> None:
     """Fill every executor queued in ``core.to_fill`` (fills may queue others)."""
     to_fill = core.to_fill
     if not to_fill:
-        return  # (most arrivals under load: no dict to build)
-    fills: dict[str, int] = {}
+        return  # (most arrivals under load)
+    # Each executor counts its fills of this call on itself (no dict by id per call).
+    core.fill_rounds += 1
+    fill_round = core.fill_rounds
     while to_fill:
         executor_id = _first_key(to_fill)  # the oldest entry: fills go in the order asked
         executor = to_fill[executor_id]
         del to_fill[executor_id]
-        done = fills.get(executor_id, 0)
+        if executor.fill_round != fill_round:
+            executor.fill_round, executor.fills_in_round = fill_round, 0
         if not executor.alive:
             continue
-        if done >= FILLS_PER_EXECUTOR:
+        if executor.fills_in_round >= FILLS_PER_EXECUTOR:
             arm_timer(core, executor, core.now_ns + 1)  # finish on the next event
             continue
-        fills[executor_id] = done + 1
+        executor.fills_in_round += 1
         fill(core, policy, executor)
 
 
@@ -227,29 +233,38 @@ def run_drops(core: CoreState, policy: Policy) -> None:
         answer(core, request, Outcome.DROPPED, policy.drop_message(cold))
 
 
-def next_wake_ns(core: CoreState) -> int | None:
-    """Return when the core next needs a Tick (earliest live timer), or None."""
-    timers = core.exec_timers
-    while timers and (timers[0][2] != timers[0][3].timer_version or not timers[0][3].alive):
+def next_wake_ns(core: CoreState) -> int:
+    """Return when the core next needs a Tick (earliest live timer), or NO_WAKE_NS."""
+    return min(_first_live_timer_ns(core.exec_timers), _first_live_drop_ns(core.drop_timers))
+
+
+# The two below unpack each heap head once (compiled, every ``heap[0][i]`` converts the whole
+# entry, each int in it, to read one field) and answer a plain int (NO_WAKE_NS for none: an
+# ``int | None`` is a boxed int, allocated, every pass).
+def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> int:
+    """Return the earliest live timer's time (stale heads are popped on the way)."""
+    while timers:
+        at_ns, _, version, executor = timers[0]
+        if version == executor.timer_version and executor.alive:
+            return at_ns
         _heappop(timers)
-    drops = core.drop_timers
-    while drops and _stale_drop(drops[0][2], drops[0][3].status, drops[0][3].model):
+    return NO_WAKE_NS
+
+
+def _first_live_drop_ns(drops: list[tuple[int, int, bool, RequestState]]) -> int:
+    """Return the earliest live drop timer's time (stale heads are popped on the way)."""
+    while drops:
+        at_ns, _, cold, request = drops[0]
+        if request.status is RequestStatus.QUEUED and not (cold and request.model.has_copy()):
+            return at_ns
         _heappop(drops)
-    if not drops:
-        return timers[0][0] if timers else None
-    if not timers:
-        return drops[0][0]
-    return min(timers[0][0], drops[0][0])
-
-
-def _stale_drop(cold: bool, status: RequestStatus, model: ModelState) -> bool:
-    return status is not RequestStatus.QUEUED or (cold and model.has_copy())
+    return NO_WAKE_NS
 
 
 def emit_wake(core: CoreState) -> None:
     """Append a WakeAt when the next needed Tick is earlier than the one already asked for."""
     wake_ns = next_wake_ns(core)
-    if wake_ns is None:
+    if wake_ns == NO_WAKE_NS:
         return
     pending_ns = core.wake_pending_ns
     if pending_ns is None or pending_ns <= core.now_ns or wake_ns < pending_ns:

@@ -78,6 +78,7 @@ class CoreState:
         self.wake_pending_ns: int | None = None
         self.last_action_id = 0  # ids are handed out by new_action_id
         self.last_seq = 0  # tie-breakers of the heaps, by next_seq
+        self.fill_rounds = 0  # `run_fills` calls that filled (executors count fills per call)
 
 
 def new_action_id(core: CoreState) -> int:
@@ -100,14 +101,15 @@ def predict(core: CoreState, model: ModelState, executor: ExecutorState) -> Kind
 def best_exec_b1_ns(core: CoreState, model: ModelState) -> int:
     """Return the fastest predicted batch-1 execute time over the kinds present (or seeds)."""
     b1 = model.spec.batch_sizes[0]
-    # A loop, not min(generator): compiled, min() of an iterable is a generic call.
-    best_ns: int | None = None
-    for kind in _kinds(core, model):
+    if not core.kinds:  # no executor: the seeds (rare)
+        return min(_kind_predictions(core, model, kind).exec_ns[b1] for kind in _kinds(core, model))
+    # A loop over the dict, not min(generator) over an Iterable: compiled, both of those are
+    # generic iterations.
+    best_ns, first = 0, True
+    for kind in core.kinds:
         exec_ns = _kind_predictions(core, model, kind).exec_ns[b1]
-        if best_ns is None or exec_ns < best_ns:
-            best_ns = exec_ns
-    if best_ns is None:
-        raise ValueError("min() arg is an empty sequence")  # as min() would
+        if first or exec_ns < best_ns:
+            best_ns, first = exec_ns, False
     return best_ns
 
 

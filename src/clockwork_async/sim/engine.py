@@ -35,6 +35,7 @@ from typing import Any, Final, Protocol, TextIO, cast
 import numpy as np
 
 from clockwork_async.core.config import ControllerConfig
+from clockwork_async.core.controller import Controller
 from clockwork_async.core.events import (
     ActionFinished,
     Command,
@@ -110,8 +111,6 @@ class SimConfig:
 def build_controller(policy: str, overrides: Mapping[str, Any] | None = None) -> ControllerLike:
     """The production core with ``policy`` ("clockwork", "fifo" or "timeout") and any other
     ControllerConfig fields in ``overrides``. Raises ConfigError (a ValueError) on bad values."""
-    from clockwork_async.core.controller import Controller
-
     return Controller(ControllerConfig(policy=policy, **dict(overrides or {})))
 
 
@@ -159,6 +158,8 @@ class Simulation:
         self.config = config
         self.workload = workload
         self.controller = controller
+        # The production core, called directly (compiled: native, not through the Protocol).
+        self._core = controller if isinstance(controller, Controller) else None
         self.stats = SimStats(config.interval_ns)
         self.now_ns = 0
         self._heap: list[tuple[int, int, int, object, object]] = []
@@ -348,7 +349,12 @@ class Simulation:
 
     def _feed(self, event: Event, now_ns: int) -> None:
         self.now_ns = now_ns
-        for command in self.controller.handle(event, now_ns):
+        core = self._core
+        if core is not None:
+            commands = core.handle(event, now_ns)
+        else:
+            commands = list(self.controller.handle(event, now_ns))
+        for command in commands:
             # Most common first; isinstance lets the compiled engine call each directly.
             if isinstance(command, Reply):
                 self._on_reply(command, now_ns)
@@ -389,11 +395,12 @@ class Simulation:
         self._schedule(max(command.time_ns, now_ns), EV_TICK, self._wake_generation, None)
 
     def _on_reply(self, reply: Reply, now_ns: int) -> None:
-        entry = self._pending.pop(reply.request_id, None)
+        entry = self._pending.get(reply.request_id)  # get and del: compiled, pop is generic
         if entry is None:
             known = 0 <= reply.request_id < self._next_request_id
             self.stats.violations["second_reply" if known else "reply_to_unknown_request"] += 1
             return
+        del self._pending[reply.request_id]
         instance, arrival_ns, deadline_ns, cold = entry
         self._last_reply_ns = now_ns
         outcome = reply.outcome
