@@ -59,11 +59,6 @@ PREDICTORS: dict[str, dict[str, Any]] = {
     "pool-w10-p99": {"pooled_window_size": 10},  # one window for every batch size
     "pool-w20-p99": {"pooled_window_size": 20},
     "pool-w50-p99": {"pooled_window_size": 50},
-    # two pooled windows: batch sizes <= S and the rest (pooled_split_batch_size S)
-    "pool-w50-s2": {"pooled_window_size": 50, "pooled_split_batch_size": 2},
-    "pool-w50-s4": {"pooled_window_size": 50, "pooled_split_batch_size": 4},
-    "pool-w50-s1": {"pooled_window_size": 50, "pooled_split_batch_size": 1},
-    "pool-w50-s8": {"pooled_window_size": 50, "pooled_split_batch_size": 8},
 }
 
 

@@ -43,8 +43,6 @@ class ControllerConfig:
     # as ratios to their batch size's profile, predicting every batch size (docs/controller.md,
     # "Predictions under contention"); 0: a window per batch size (window_size).
     pooled_window_size: int = 0
-    # > 0 (with pooled_window_size): two pooled windows, batch sizes <= this and the rest.
-    pooled_split_batch_size: int = 0
     # A prediction that refused a request and saw no measurement for this long forgets its
     # largest sample when that is over outlier_factor x the window's median (docs/controller.md).
     prediction_stale_ns: int = 1_000 * MS_NS
@@ -86,7 +84,6 @@ class ControllerConfig:
         _positive(self, "max_queued_total", "max_queued_per_model")
         _non_negative(self, "margin_min_ns", "max_queue_delay_ns", "queue_timeout_ns")
         _non_negative(self, "warm_gap_ns", "warm_up_infers", "pooled_window_size")
-        _non_negative(self, "pooled_split_batch_size")
         if self.warm_up_infers and not self.warm_gap_ns:
             expected = "0 unless warm_gap_ns > 0 (it says when a lane is cold)"
             raise ConfigError("warm_up_infers", self.warm_up_infers, expected)

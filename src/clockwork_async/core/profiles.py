@@ -14,9 +14,6 @@ batch size predicts its seed x the window's ``percentile`` ratio, rounded up. A 
 batch size runs into is then seen by all of them. Seeded with ``RATIO_ONE``, so the first
 predictions are the seeds; durations equal to the seeds keep every prediction at its seed.
 Probes, staleness and relaxing act on that window. LOAD keeps its own window.
-With ``pooled_split`` = S > 0 there are two such windows: one for batch sizes <= S, one for
-the rest, so a long batch, which averages over slow spells, is not charged a short one's full
-slowdown; each batch size learns from and predicts by its own group's window.
 
 Recovery: a window only learns from actions that run, so one slow outlier could make every
 request look infeasible, and then nothing runs to correct it. `Predictions.relax` (called when
@@ -158,7 +155,6 @@ class KindPredictions:
         size: int,
         percentile: float,
         pooled_size: int = 0,
-        pooled_split: int = 0,
     ) -> None:
         self.kind = kind
         self.seed_kind = seed_kind  # == kind unless seeded from a fallback
@@ -166,10 +162,9 @@ class KindPredictions:
             batch: SlidingWindow(size, percentile, ns) for batch, ns in profile.execute_ns.items()
         }
         self._seed_exec_ns = dict(profile.execute_ns)
-        # Pooled (the module's "Pooled"): a window of measured / seed ratios, in RATIO_ONE
-        # units, per group of batch sizes (one group unless pooled_split); the per-batch
-        # windows then go unused. Batch size -> its group's window (shared objects).
-        self._pooled = _pooled_windows(profile, pooled_size, percentile, pooled_split)
+        # Pooled (the module's "Pooled"): one window of measured / seed ratios, in RATIO_ONE
+        # units, for every batch size; the per-batch windows then go unused.
+        self._pooled = SlidingWindow(pooled_size, percentile, RATIO_ONE) if pooled_size else None
         self._load_window = SlidingWindow(size, percentile, profile.load_ns)
         self.exec_ns: dict[int, int] = dict(profile.execute_ns)
         self.load_ns = profile.load_ns
@@ -180,9 +175,9 @@ class KindPredictions:
         window = self._exec_windows.get(batch_size)
         if window is None:
             return 0
-        if self._pooled:
+        if self._pooled is not None:
             error_ns = measured_ns - self.exec_ns[batch_size]
-            self._pooled[batch_size].add(self._ratio(batch_size, measured_ns), now_ns)
+            self._pooled.add(self._ratio(batch_size, measured_ns), now_ns)
             self._took_pooled()
             return error_ns
         error_ns = measured_ns - window.value_ns
@@ -199,19 +194,18 @@ class KindPredictions:
 
     def exec_stale(self, batch_size: int, now_ns: int, stale_ns: int) -> bool:
         """Whether the execute window of ``batch_size`` had no sample for ``stale_ns``."""
-        window = self._pooled.get(batch_size) or self._exec_windows[batch_size]
+        window = self._pooled or self._exec_windows[batch_size]
         return now_ns - window.updated_ns >= stale_ns
 
     def record_probe(self, batch_size: int, measured_ns: int, now_ns: int, factor: float) -> int:
         """Record a probe's measurement (warm_up.py): the window was stale, so the samples
         over ``factor`` x this one describe a machine that has since changed: forgotten.
         Return the prediction error."""
-        if self._pooled:
+        if self._pooled is not None:
             error_ns = measured_ns - self.exec_ns[batch_size]
             ratio = self._ratio(batch_size, measured_ns)
-            pooled = self._pooled[batch_size]
-            pooled.add(ratio, now_ns)
-            pooled.forget_above(int(factor * ratio))
+            self._pooled.add(ratio, now_ns)
+            self._pooled.forget_above(int(factor * ratio))
             self._took_pooled()
             return error_ns
         window = self._exec_windows[batch_size]
@@ -226,10 +220,11 @@ class KindPredictions:
         return measured_ns * RATIO_ONE // max(1, self._seed_exec_ns[batch_size])
 
     def _took_pooled(self) -> None:
-        """Every batch size's prediction: its seed x its pooled window's ratio, rounded up."""
-        exec_ns, pooled, changed = self.exec_ns, self._pooled, False
+        """Every batch size's prediction: its seed x the pooled window's ratio, rounded up."""
+        assert self._pooled is not None
+        ratio = self._pooled.value_ns
+        exec_ns, changed = self.exec_ns, False
         for batch_size, seed_ns in self._seed_exec_ns.items():
-            ratio = pooled[batch_size].value_ns
             value_ns = -(-seed_ns * ratio // RATIO_ONE)  # ceil: never below seed x ratio
             if exec_ns[batch_size] != value_ns:
                 exec_ns[batch_size] = value_ns
@@ -239,9 +234,8 @@ class KindPredictions:
 
     def relax(self, now_ns: int, stale_ns: int, factor: float) -> None:
         """Let stale windows forget an outlier (see the module's "Recovery")."""
-        if self._pooled:
-            windows = {id(window): window for window in self._pooled.values()}.values()
-            if [w for w in windows if w.forget_outlier(now_ns, stale_ns, factor)]:
+        if self._pooled is not None:
+            if self._pooled.forget_outlier(now_ns, stale_ns, factor):
                 self._took_pooled()
         else:
             for batch_size, window in self._exec_windows.items():
@@ -254,17 +248,6 @@ class KindPredictions:
         if self.exec_ns[batch_size] != window.value_ns:
             self.exec_ns[batch_size] = window.value_ns
             self.targets.clear()
-
-
-def _pooled_windows(
-    profile: ModelProfile, size: int, percentile: float, split: int
-) -> dict[int, SlidingWindow]:
-    """Batch size -> its group's pooled window: one group, or batch sizes <= ``split`` and the
-    rest; empty when pooling is off (``size`` 0)."""
-    if not size:
-        return {}
-    short, long = (SlidingWindow(size, percentile, RATIO_ONE) for _ in range(2))
-    return {b: short if split and b <= split else long for b in profile.execute_ns}
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,13 +273,10 @@ class PredictionErrorStats:
 class Predictions:
     """All predictions of the core, created lazily per (model, kind)."""
 
-    def __init__(
-        self, window_size: int, percentile: float, pooled_size: int = 0, pooled_split: int = 0
-    ) -> None:
+    def __init__(self, window_size: int, percentile: float, pooled_size: int = 0) -> None:
         self._size = window_size
         self._percentile = percentile
         self._pooled_size = pooled_size
-        self._pooled_split = pooled_split
         self._by_model: dict[str, dict[str, KindPredictions]] = {}
         self.fallback_seeds = 0
         self._totals: dict[str, _ErrorTotals] = {}
@@ -373,9 +353,8 @@ class Predictions:
         return self._predictions(slowest_profile(spec), kind, "*slowest*")
 
     def _predictions(self, profile: ModelProfile, kind: str, seed_kind: str) -> KindPredictions:
-        size, percentile, pooled = self._size, self._percentile, self._pooled_size
-        split = self._pooled_split
-        return KindPredictions(profile, kind, seed_kind, size, percentile, pooled, split)
+        size, percentile, pooled_size = self._size, self._percentile, self._pooled_size
+        return KindPredictions(profile, kind, seed_kind, size, percentile, pooled_size)
 
     def _note(self, action: str, model: str, kind: str, batch_size: int, error_ns: int) -> None:
         self._recent.append((action, model, kind, batch_size, error_ns))

@@ -44,10 +44,7 @@ class CoreState:
     def __init__(self, config: ControllerConfig) -> None:
         self.config = config
         self.predictions = Predictions(
-            config.window_size,
-            config.percentile,
-            config.pooled_window_size,
-            config.pooled_split_batch_size,
+            config.window_size, config.percentile, config.pooled_window_size
         )
         self.models: dict[str, ModelState] = {}
         self.retiring: dict[str, ModelState] = {}  # unregistered, copies not yet unloaded
