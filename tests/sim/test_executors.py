@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clockwork_async.core.events import ActionFinished, StartInfer, StartLoad, StartUnload
 from clockwork_async.lane_rules import UNLOAD_WAIT_NS, LaneQueue, RunJob, WaitUntil
-from clockwork_async.sim.executors import SimExecutor, SimLane
+from clockwork_async.sim.executors import Command, ExecutorHost, SimExecutor, SimLane
 from clockwork_async.sim.profiles import SimProfile
 
 MS = 1_000_000
@@ -27,23 +27,24 @@ PROFILE = SimProfile(
 )
 
 
-class Harness:
+class Harness(ExecutorHost):
     """One SimExecutor on a tiny virtual clock."""
 
     def __init__(self, noise: float = 0.0, seed: int = 0, profile: SimProfile = PROFILE) -> None:
         self.heap: list[tuple[int, int, int, SimLane]] = []
         self.seq = 0
         self.results: list[ActionFinished] = []
-        self.executor = SimExecutor(
-            "e0", profile, self._schedule, self._report, noise, random.Random(seed)
-        )
+        self.executor = SimExecutor("e0", profile, self, noise, random.Random(seed))
 
-    def _schedule(self, time_ns: int, kind: int, _executor: object, lane: object) -> None:
+    def schedule_event(self, time_ns: int, kind: int, first: object, second: object) -> None:
+        lane = second
         assert isinstance(lane, SimLane)
         heapq.heappush(self.heap, (time_ns, self.seq, kind, lane))
         self.seq += 1
 
-    def _report(self, _executor: object, _command: object, finished: ActionFinished) -> None:
+    def on_action_result(
+        self, executor: SimExecutor, command: Command, finished: ActionFinished
+    ) -> None:
         self.results.append(finished)
 
     def run(self, until_ns: int = NEVER) -> None:

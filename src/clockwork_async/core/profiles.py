@@ -375,12 +375,15 @@ class _ErrorTotals:
         self.count = self.sum_ns = self.sum_abs_ns = self.min_ns = self.max_ns = 0
 
     def add(self, error_ns: int) -> None:
+        # Compares, not min()/max(): compiled, those are generic calls on boxed ints.
         first = self.count == 0
+        if first or error_ns < self.min_ns:
+            self.min_ns = error_ns
+        if first or error_ns > self.max_ns:
+            self.max_ns = error_ns
         self.count += 1
         self.sum_ns += error_ns
-        self.sum_abs_ns += abs(error_ns)
-        self.min_ns = error_ns if first else min(self.min_ns, error_ns)
-        self.max_ns = error_ns if first else max(self.max_ns, error_ns)
+        self.sum_abs_ns += -error_ns if error_ns < 0 else error_ns
 
     def snapshot(self) -> PredictionErrorStats:
         return PredictionErrorStats(

@@ -20,7 +20,7 @@ from .outcomes import Outcome
 from .policies import Policy
 from .queues import RequestStatus
 from .requests import answer, requeue
-from .state import CoreState
+from .state import CoreState, predict
 
 REPLANNABLE = frozenset({"too_late", "not_loaded"})
 ALREADY_LOADED = "already_loaded"
@@ -123,7 +123,10 @@ def _learn_execute(
     if not cold:
         if not action.warm_up:
             executor.exec_lane.note_overrun(measured_ns - action.predicted_ns)
-            core.predictions.record_execute(spec, kind, batch_size, measured_ns, core.now_ns)
+            # The model's cached predictions (state.predict): no lookup by name and kind.
+            windows = predict(core, action.model, executor)
+            error_ns = windows.record_execute(batch_size, measured_ns, core.now_ns)
+            core.predictions.note_execute_error(spec, kind, batch_size, error_ns)
         return
     lane = executor.exec_lane
     extra_ns = measured_ns - action.predicted_ns

@@ -115,7 +115,14 @@ def best_exec_b1_ns(core: CoreState, model: ModelState) -> int:
 
 def best_load_ns(core: CoreState, model: ModelState) -> int:
     """Return the fastest predicted LOAD time over the kinds present (or seeds)."""
-    return min(_kind_predictions(core, model, kind).load_ns for kind in _kinds(core, model))
+    if not core.kinds:  # no executor: the seeds (rare)
+        return min(_kind_predictions(core, model, kind).load_ns for kind in _kinds(core, model))
+    best_ns, first = 0, True  # a loop over the dict, as in best_exec_b1_ns
+    for kind in core.kinds:
+        load_ns = _kind_predictions(core, model, kind).load_ns
+        if first or load_ns < best_ns:
+            best_ns, first = load_ns, False
+    return best_ns
 
 
 def _kinds(core: CoreState, model: ModelState) -> Iterable[str]:

@@ -55,7 +55,7 @@ from clockwork_async.core.events import (
 from clockwork_async.core.outcomes import Outcome
 
 from .contention import Contention, ContentionClock
-from .executors import LaneIndex, SimExecutor, SimLane
+from .executors import ExecutorHost, LaneIndex, SimExecutor, SimLane
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
 from .workloads import OpenLoop, Workload, request_slos_ns
@@ -142,7 +142,7 @@ def noise_seed(seed: int) -> int:
     return int(np.random.SeedSequence(seed).spawn(2)[1].generate_state(1)[0])
 
 
-class Simulation:
+class Simulation(ExecutorHost):
     """One run: ``Simulation(config, workload, controller).run()`` returns its SimStats."""
 
     def __init__(
@@ -195,8 +195,7 @@ class Simulation:
             f"e{i}": SimExecutor(
                 f"e{i}",
                 config.profile,
-                self._schedule,
-                self._on_action_result,
+                self,
                 config.noise,
                 random.Random(noise_seed + i),
                 self._contention_clock(noise_seed, i),
@@ -341,7 +340,7 @@ class Simulation:
             flush=True,
         )
 
-    def _schedule(self, time_ns: int, kind: int, first: object, second: object) -> None:
+    def schedule_event(self, time_ns: int, kind: int, first: object, second: object) -> None:
         self._last_seq += 1
         _heappush(self._heap, (time_ns, self._last_seq, kind, first, second))
 
@@ -386,13 +385,13 @@ class Simulation:
             self._actions[command.action_id] = (now_ns, command)
         delay_ns = self.config.message_delay_ns
         if delay_ns:
-            self._schedule(now_ns + delay_ns, EV_DELIVER, executor, command)
+            self.schedule_event(now_ns + delay_ns, EV_DELIVER, executor, command)
         else:
             executor.deliver(command, now_ns)
 
     def _on_wake_at(self, command: WakeAt, now_ns: int) -> None:
         self._wake_generation += 1
-        self._schedule(max(command.time_ns, now_ns), EV_TICK, self._wake_generation, None)
+        self.schedule_event(max(command.time_ns, now_ns), EV_TICK, self._wake_generation, None)
 
     def _on_reply(self, reply: Reply, now_ns: int) -> None:
         entry = self._pending.get(reply.request_id)  # get and del: compiled, pop is generic
@@ -426,11 +425,11 @@ class Simulation:
         next_ns = self.workload.after_reply(instance, now_ns, ok)
         if next_ns is not None:
             self._scheduled_arrivals += 1
-            self._schedule(next_ns, EV_ARRIVAL, instance, None)
+            self.schedule_event(next_ns, EV_ARRIVAL, instance, None)
 
     # --- the executor side --------------------------------------------------------------
 
-    def _on_action_result(
+    def on_action_result(
         self,
         executor: SimExecutor,
         command: StartLoad | StartInfer | StartUnload,
@@ -450,7 +449,7 @@ class Simulation:
             self._last_seq += 1
             self._ready.append((self._last_seq, finished))
         else:
-            self._schedule(now_ns + self.config.message_delay_ns, EV_RESULT, finished, None)
+            self.schedule_event(now_ns + self.config.message_delay_ns, EV_RESULT, finished, None)
 
     def _on_residency(
         self, executor: SimExecutor, command: StartLoad | StartUnload, now_ns: int

@@ -20,15 +20,15 @@ execute lane, each a `LaneQueue`. Invariants:
   `ContentionClock` when the run models a shared CPU (sim/contention.py). As on a real
   executor, a LOAD's ``start_ns`` is when its lane started it and its ``duration_ns`` the
   loading alone.
-- Every delivered action gets exactly one result, through ``report``.
+- Every delivered action gets exactly one result, through its host's ``on_action_result``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
 from enum import IntEnum
 
+from clockwork_async.build import mypyc_attr
 from clockwork_async.core.events import ActionFinished, StartInfer, StartLoad, StartUnload
 from clockwork_async.lane_rules import (
     EXECUTE_LANE,
@@ -49,8 +49,6 @@ from .contention import ContentionClock
 from .profiles import SimProfile
 
 Command = StartLoad | StartInfer | StartUnload
-Schedule = Callable[[int, int, object, object], None]  # (time_ns, kind, executor, lane)
-Report = Callable[["SimExecutor", Command, ActionFinished], None]
 
 EV_LANE_DUE = 0  # a lane's head may be due, or a LOAD's wait for pages is over: look again
 EV_LANE_DONE = 1  # the running action of a lane ends
@@ -95,6 +93,26 @@ class SimLane:
         self.wake_ns = -1  # a pending EV_LANE_DUE time, or -1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests/sim/test_executors.py's harness
+class ExecutorHost:
+    """What a SimExecutor asks of the engine that runs it (sim/engine.py).
+
+    A base class the engine extends, not two callables: compiled with mypyc, a call is a
+    direct native call with unboxed ints instead of a generic call through a bound method."""
+
+    def schedule_event(self, time_ns: int, kind: int, first: object, second: object) -> None:
+        """Hand ``kind``, ``first`` and ``second`` back at virtual ``time_ns``; an executor
+        schedules as ``(time_ns, kind, itself, lane)`` and is called ``on_event(kind, lane,
+        time_ns)`` then."""
+        raise NotImplementedError
+
+    def on_action_result(
+        self, executor: SimExecutor, command: Command, finished: ActionFinished
+    ) -> None:
+        """Take the one result of an action ``executor`` was delivered."""
+        raise NotImplementedError
+
+
 class SimExecutor:
     """One simulated device: pages, resident models and two lanes."""
 
@@ -102,8 +120,7 @@ class SimExecutor:
         self,
         executor_id: str,
         profile: SimProfile,
-        schedule: Schedule,
-        report: Report,
+        host: ExecutorHost,
         noise: float = 0.0,
         rng: random.Random | None = None,
         contention: ContentionClock | None = None,
@@ -114,8 +131,7 @@ class SimExecutor:
         self.models: dict[str, ModelState] = {}
         self.lanes = (SimLane(LaneIndex.LOAD), SimLane(LaneIndex.EXECUTE))
         self._unloading: set[str] = set()  # loaded models whose UNLOAD is pending
-        self._schedule = schedule
-        self._report = report
+        self._host = host
         self._noise = noise
         self._rng = rng or random.Random(0)
         self._contention = contention
@@ -187,7 +203,7 @@ class SimExecutor:
                 wake_ns = step.time_ns
                 if lane.wake_ns < now_ns or wake_ns < lane.wake_ns:
                     lane.wake_ns = wake_ns
-                    self._schedule(wake_ns, EV_LANE_DUE, self, lane)
+                    self._host.schedule_event(wake_ns, EV_LANE_DUE, self, lane)
                 return
 
     def _start(self, lane: SimLane, command: Command, now_ns: int) -> None:
@@ -197,7 +213,7 @@ class SimExecutor:
                 return
             lane.running = (command, now_ns, now_ns)
             duration_ns = self._duration(self.profile.execute_ns[command.batch_size], now_ns)
-            self._schedule(now_ns + duration_ns, EV_LANE_DONE, self, lane)
+            self._host.schedule_event(now_ns + duration_ns, EV_LANE_DONE, self, lane)
         elif isinstance(command, StartLoad):
             self._start_load(lane, command, now_ns, now_ns)
         else:
@@ -215,7 +231,7 @@ class SimExecutor:
             self._begin_load(lane, command, start_ns, now_ns)
         elif verdict is _WAIT:
             if lane.blocked is None:  # look again when the longest wait is over
-                self._schedule(start_ns + UNLOAD_WAIT_NS, EV_LANE_DUE, self, lane)
+                self._host.schedule_event(start_ns + UNLOAD_WAIT_NS, EV_LANE_DUE, self, lane)
             lane.blocked = (command, start_ns)
         else:
             lane.blocked = None
@@ -227,7 +243,7 @@ class SimExecutor:
         self.models[command.model] = _LOADING
         lane.blocked = None
         lane.running = (command, start_ns, now_ns)
-        self._schedule(
+        self._host.schedule_event(
             now_ns + self._duration(self.profile.load_ns, now_ns), EV_LANE_DONE, self, lane
         )
 
@@ -249,7 +265,7 @@ class SimExecutor:
         finished = ActionFinished(
             self.executor_id, command.action_id, "", start_ns, now_ns, now_ns - begun_ns
         )
-        self._report(self, command, finished)
+        self._host.on_action_result(self, command, finished)
 
     def _unload(self, command: StartUnload, now_ns: int) -> None:
         """Run an UNLOAD (it takes no time); a LOAD waiting for pages then asks again."""
@@ -260,14 +276,14 @@ class SimExecutor:
             del self.models[command.model]
             self.pages_free += self.profile.weights_pages
             finished = ActionFinished(self.executor_id, command.action_id, "", now_ns, now_ns)
-            self._report(self, command, finished)
+            self._host.on_action_result(self, command, finished)
         load_lane = self.lanes[LaneIndex.LOAD]
         if load_lane.blocked is not None:
             self.poke(load_lane, now_ns)
 
     def _fail(self, command: Command, code: ErrorCode, now_ns: int) -> None:
         finished = ActionFinished(self.executor_id, command.action_id, code.value, now_ns, now_ns)
-        self._report(self, command, finished)
+        self._host.on_action_result(self, command, finished)
 
     def running_model(self, lane: LaneIndex) -> str | None:
         """The model of the action running on ``lane``, if any."""
