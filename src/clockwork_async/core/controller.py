@@ -116,23 +116,24 @@ class Controller:
         if now_ns < core.now_ns:
             raise TimeWentBackwards(f"now_ns {now_ns} is before the previous {core.now_ns}")
         event_type = type(event)
-        # The per-request events and Tick skip the table: compiled, a direct call instead of
-        # a lambda's, and no dict lookup by type.
-        direct = event_type is RequestArrived or event_type is ActionFinished or event_type is Tick
-        handler = None if direct else self._handlers.get(event_type)
-        if handler is None and not direct:
-            raise InvalidEvent(f"not a controller event: {event!r}")
+        # The per-request events and Tick are called directly (compiled: no dict lookup by
+        # type, no lambda); the table, which lists every accepted event, serves the rest.
+        handler: Callable[[Any], None] | None = None
+        if not (event_type is RequestArrived or event_type is ActionFinished or event_type is Tick):
+            handler = self._handlers.get(event_type)
+            if handler is None:
+                raise InvalidEvent(f"not a controller event: {event!r}")
         core.now_ns = now_ns
         if core.reservations:  # (few, only while registrations profile)
             hold_overdue(core)
-        if event_type is RequestArrived:
+        if handler is not None:
+            handler(event)
+        elif event_type is RequestArrived:
             on_request_arrived(core, self._policy, cast(RequestArrived, event))
         elif event_type is ActionFinished:
             on_action_finished(core, self._policy, cast(ActionFinished, event))
-        elif event_type is Tick:
+        else:
             self._on_tick(cast(Tick, event))
-        elif handler is not None:
-            handler(event)
 
     def schedule(self, now_ns: int) -> list[Command]:
         """Do everything due at ``now_ns`` after the events accepted so far; return every
