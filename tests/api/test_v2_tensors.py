@@ -283,3 +283,19 @@ def test_float32_json_data_is_written_short_only_within_its_exact_range(
 ) -> None:
     data = json_data(np.array([value, 1.0, 0.0], np.float32))
     assert data.dtype == (np.float32 if short else np.float64)
+
+
+_F32_LOW = float(np.float32(2e-4))
+_F32_HIGH = float(np.float32(1e18))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0.0, -0.0, _F32_LOW, -_F32_HIGH, float(np.nextafter(np.float32(_F32_LOW), np.float32(0))),
+     float(np.nextafter(np.float32(_F32_HIGH), np.float32(np.inf))), 1e-45, float("nan"),
+     float("inf"), -5.0],
+)  # fmt: skip
+def test_float32_json_data_takes_the_same_form_for_few_values_and_many(value: float) -> None:
+    few = json_data(np.array([value, 1.0], np.float32))  # checked value by value
+    many = json_data(np.array([value] + [1.0] * 99, np.float32))  # checked by numpy
+    assert few.dtype == many.dtype

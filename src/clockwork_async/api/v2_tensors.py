@@ -355,6 +355,12 @@ def encode_response(
 _SHORT_FP32_LOW_BITS = int(np.float32(2e-4).view(np.uint32))
 _SHORT_FP32_SPAN_BITS = int(np.float32(1e18).view(np.uint32)) - _SHORT_FP32_LOW_BITS
 _ABS_BITS = 0x7FFF_FFFF
+# The same range as doubles (its ends are float32s, so the comparisons agree with the bits'),
+# checked in Python for small arrays, where numpy's few array operations cost microseconds
+# each (a request's output is often a handful of values).
+_SHORT_FP32_LOW = float(np.float32(2e-4))
+_SHORT_FP32_HIGH = float(np.float32(1e18))
+_SMALL_ELEMENTS = 32
 
 
 def json_data(array: np.ndarray) -> np.ndarray:
@@ -373,6 +379,9 @@ def json_data(array: np.ndarray) -> np.ndarray:
 
 def _short_fp32(flat: np.ndarray) -> bool:
     """Whether every value of a float32 array is 0 or has a magnitude in [2e-4, 1e18]."""
+    if flat.size <= _SMALL_ELEMENTS:  # NaN compares false: out of the range, as its bits are
+        low, high = _SHORT_FP32_LOW, _SHORT_FP32_HIGH
+        return all(value == 0.0 or low <= abs(value) <= high for value in flat.tolist())
     bits = flat.view(np.uint32) & np.uint32(_ABS_BITS)
     offset = bits - np.uint32(_SHORT_FP32_LOW_BITS)  # wraps: below the range is huge
     if offset.size == 0 or int(offset.max()) <= _SHORT_FP32_SPAN_BITS:
