@@ -18,6 +18,12 @@ with N in flight. Measured per front end:
   ``time.process_time`` over the block): clients differ and share the CPUs, so these are
   context, not the comparison.
 
+``msgpack-conns`` is the msgpack API again with one connection per request in flight (as
+HTTP/1.1 clients connect: one request at a time on each), a reference for the HTTP rows: over
+one connection (``msgpack``, as gRPC's one channel) requests in flight arrive and are answered
+in bursts, one read and one write for several, and the daemon's work per loop round (the
+schedule, the sends to the executor) is shared by them; over one connection each, much less.
+
 With ``--before PYTHON`` a second daemon, run by another install's interpreter (the build to
 compare against), is driven the same way in the same blocks: its targets are named
 ``NAME-before`` and compared with its own msgpack API, so a before/after ratio comes from one
@@ -113,12 +119,27 @@ def thread_cpu_ns(pid: int) -> Counter[str]:
     return spent
 
 
-async def targets_of(daemon: DaemonProcess, suffix: str = "") -> list[Target]:
+async def targets_of(daemon: DaemonProcess, in_flight: int, suffix: str = "") -> list[Target]:
     msgpack = await AsyncClient.connect(daemon.api)
 
     async def msgpack_infer() -> None:
         result = await msgpack.infer(MODEL, INPUTS, slo_ms=SLO_MS)
         assert result.status == "ok", result.message
+
+    idle = [await AsyncClient.connect(daemon.api) for _ in range(in_flight)]
+    connections = list(idle)
+
+    async def msgpack_conns_infer() -> None:  # a connection of its own while in flight
+        client = idle.pop()
+        try:
+            result = await client.infer(MODEL, INPUTS, slo_ms=SLO_MS)
+        finally:
+            idle.append(client)
+        assert result.status == "ok", result.message
+
+    async def close_conns() -> None:
+        for client in connections:
+            await client.close()
 
     http = triton_http.InferenceServerClient(daemon.http)
     grpc = triton_grpc.InferenceServerClient(daemon.grpc)
@@ -142,6 +163,7 @@ async def targets_of(daemon: DaemonProcess, suffix: str = "") -> list[Target]:
 
     return [
         Target(f"msgpack{suffix}", msgpack_infer, msgpack.close, daemon.pid),
+        Target(f"msgpack-conns{suffix}", msgpack_conns_infer, close_conns, daemon.pid),
         Target(f"http-json{suffix}", http_infer(False), nothing, daemon.pid),
         Target(f"http-binary{suffix}", http_infer(True), http.close, daemon.pid),
         Target(f"grpc{suffix}", grpc_infer, grpc.close, daemon.pid),
@@ -180,10 +202,10 @@ async def block(target: Target, phase: str, count: int, in_flight: int) -> None:
 async def run(plan: Plan, in_flight: int, folder: Path, before: str | None) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         daemon = stack.enter_context(start_daemon(folder, busy_poll_us=0))
-        targets = await targets_of(daemon)
+        targets = await targets_of(daemon, in_flight)
         if before is not None:
             other = start_daemon(folder / "before", busy_poll_us=0, python=before)
-            targets += await targets_of(stack.enter_context(other), "-before")
+            targets += await targets_of(stack.enter_context(other), in_flight, "-before")
         try:
             for target in targets:
                 for _ in range(plan.warmup):
@@ -218,10 +240,12 @@ def report(targets: list[Target], in_flight: int) -> dict[str, Any]:
         }
         rows[target.name] = row
     for name, row in rows.items():
-        base = rows["msgpack-before" if name.endswith("-before") else "msgpack"]
+        suffix = "-before" if name.endswith("-before") else ""
+        base, conns = rows[f"msgpack{suffix}"], rows[f"msgpack-conns{suffix}"]
         for phase in ("serial", "concurrent"):
             key = f"{phase}_daemon_cpu_us_per_request"
             row[f"{phase}_daemon_cpu_over_msgpack"] = ratio(row[key], base[key])
+            row[f"{phase}_daemon_cpu_over_msgpack_conns"] = ratio(row[key], conns[key])
     return {
         "benchmark": "overhead_v2",
         "model": MODEL,
@@ -240,6 +264,7 @@ def print_report(result: dict[str, Any]) -> None:
         "x msgpack",
         "daemon µs/req conc.",
         "x msgpack",
+        "x msgpack-conns",
         "client µs/req conc.",
         "conc. rps",
     ]
@@ -250,6 +275,7 @@ def print_report(result: dict[str, Any]) -> None:
             name, rt["p50_us"], rt["p99_us"],
             row["serial_daemon_cpu_us_per_request"], row["serial_daemon_cpu_over_msgpack"],
             row["concurrent_daemon_cpu_us_per_request"], row["concurrent_daemon_cpu_over_msgpack"],
+            row["concurrent_daemon_cpu_over_msgpack_conns"],
             row["concurrent_client_cpu_us_per_request"], row["concurrent_rps"],
         ])  # fmt: skip
     print(table(headers, rows))

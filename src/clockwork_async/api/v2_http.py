@@ -161,7 +161,7 @@ class _HttpConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
-        self._disarm()
+        self._timer.stop()
         self._front.removed(self)
         for request in [*self._queue, *([self._request] if self._request else [])]:
             request.release()  # read (or half read) into the arena, never answered

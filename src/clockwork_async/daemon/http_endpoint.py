@@ -261,7 +261,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._done = True
-        self._timer.disarm()
+        self._timer.stop()
         self._endpoint.removed(self)
 
     def data_received(self, data: bytes) -> None:
