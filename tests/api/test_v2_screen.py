@@ -1,5 +1,5 @@
 """The door screens an HTTP infer with JSON tensors before its body is parsed
-(`api.v2_door.Door.refuse_unread`): from the SLO its head gives (``clockwork-slo-ms``), else
+(`api.v2_door.Door.refused_unread`): from the SLO its head gives (``clockwork-slo-ms``), else
 the longest a body may ask for, with its body's size. A request the screen refuses is answered
 ``overloaded`` (429) without its JSON parsed; one it lets through is parsed and screened again
 with the SLO its body gives, the earliest SLO winning, exactly as before. Binary-extension

@@ -1,5 +1,5 @@
 """What the Open Inference Protocol front ends (HTTP in `api.v2_http`, gRPC in `api.v2_grpc`)
-share: the door every request passes, metadata (their SLO parameters: `api.v2_slo`).
+share: the door every request passes, the status vocabulary, SLO parameters, metadata.
 One idea: a standard-protocol request as the daemon's requests, through one door.
 
 The door is the client API server's (`api.server.ApiServer`, the `DoorHost`): the same
@@ -9,7 +9,7 @@ and gRPC requests too), the same routes (name -> served version) and tokens. A r
 screened by the dispatcher (`Requests.screen`) from its header before its tensors are built,
 and refused there (`Requests.refuse`) or submitted (`Requests.submit`) exactly as a msgpack
 request is; an HTTP request with JSON tensors, whose parse is most of its cost, is screened
-once before its body is parsed (`Door.refuse_unread`, with the SLO its head gives, else only
+once before its body is parsed (`Door.refused_unread`, with the SLO its head gives, else only
 against the loop's cap) and again, as every request, with the SLO its body gives; a client
 batch of N rows is submitted as N requests and answered as one (`api.rows`, as the msgpack
 session does). Where the daemon has an IO arena, each row's tensors are copied once into a slot
@@ -18,23 +18,23 @@ executors read them by reference.
 
 Invariants: every row the door accepts is counted in the host's ``outstanding`` from submit
 until its one outcome; a row's arena slot is released exactly once: with its outcome (after
-its outputs are copied out), or before submit when the request is refused; each request's
-callback (`Door.start`) gets its one answer once all its rows have theirs, and a caller that
-goes away (cancels, or its awaiting task is cancelled) cancels its request once; an HTTP
-request's wait for the loop after its answer started (``waited_ns``) reaches the screen
-before a JSON body's parse (the loop's measured delay for it, where a refusal saves the
-parse) and nothing else; every refusal is a `V2Error` whose ``code`` is an outcome or
-`ApiCode` value (or one of the front ends' own codes below),
-mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`.
+its outputs are copied out), or before submit when the request is refused; a caller that
+goes away (its task cancelled) cancels its request once; an HTTP request's wait for the loop
+after its answer started (``waited_ns``) reaches the screen before a JSON body's parse (the
+loop's measured delay for it, where a refusal saves the parse) and nothing else; every
+refusal is a `V2Error`
+whose ``code`` is an outcome or `ApiCode` value (or one of the front ends' own codes below),
+mapped to one HTTP status and one gRPC code by `HTTP_STATUS` and `GRPC_CODE`; the earliest
+of the SLOs a request gives wins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -42,7 +42,7 @@ import numpy as np
 from clockwork_async.api.auth import Scope, TokenAuth
 from clockwork_async.api.rows import RowsRefused, join_outcomes, plan_rows, status_in
 from clockwork_async.api.service import InferOutcome, RequestHost, ServerCaps, ServiceError
-from clockwork_async.api.session import MAX_DEADLINE_DISTANCE_NS, route_to
+from clockwork_async.api.session import MAX_DEADLINE_DISTANCE_NS, MAX_SLO_MS, route_to, slo_ms_to_ns
 from clockwork_async.api.v2_arena import Placed, detach, into_slots
 from clockwork_async.api.v2_status import UNAUTHORIZED, V2Error
 from clockwork_async.api.v2_tensors import DATATYPE_OF_DTYPE, TensorError
@@ -56,7 +56,7 @@ NS_PER_US = 1_000
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ("binary_tensor_data", "parameters")
 READY_STATES = frozenset({"ready", "loaded"})
-# The screen's SLO for a JSON request whose head gives none (`Door.refuse_unread`): the
+# The screen's SLO for a JSON request whose head gives none (`Door.refused_unread`): the
 # longest a body may ask for, so that only the loop's cap (`max_loop_delay_ns`) refuses it.
 UNREAD_SLO_NS = MAX_DEADLINE_DISTANCE_NS
 # The daemon's model states (`list_models`) as the repository index's; any other (failed,
@@ -157,69 +157,36 @@ class Door:
         body: Slot | None = None,
         waited_ns: int = 0,
     ) -> Answer:
-        """`start`, awaited: returns the request's outcome; cancelling the awaiting task
-        cancels the request. Raises V2Error as `start` does."""
-        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-
-        def on_answer(answer: Answer) -> None:
-            if not future.done():
-                future.set_result(answer)
-
-        cancel = self.start(
-            model, version, slo_ns, nbytes, build, on_answer, owner, body, waited_ns
-        )
-        try:
-            return await future
-        except asyncio.CancelledError:
-            cancel()
-            raise
-
-    def start(
-        self,
-        model: str,
-        version: str | None,
-        slo_ns: int | None,
-        nbytes: int,
-        build: Callable[[], Mapping[str, np.ndarray]],
-        on_answer: Callable[[Answer], None],
-        owner: object = None,
-        body: Slot | None = None,
-        waited_ns: int = 0,
-    ) -> Callable[[], None]:
         """Take one request: the caps, the dispatcher's screen (from the header alone), then
         ``build()`` its tensors, copy each row into an IO arena slot of ``owner``'s (its
         connection: the share is per connection; `api.v2_arena`) where the daemon has an
-        arena, and submit them; ``on_answer`` gets its one outcome (possibly before this
-        returns), once every row has its own. Returns the function that cancels it (its rows
-        not answered yet; ``on_answer`` may still come). Raises V2Error for a refusal before
-        the request path (shutting down, over the cap, a bad version or tensors, no room in
-        the arena). ``body``: the arena slot the request's body was read into (HTTP), taken
-        over (`v2_arena.into_slots`); ``waited_ns``: its wait for the loop, for the screen
-        (`refuse_unread`). Callbacks, not a task: an HTTP request is answered from the
-        outcome's callback, with no loop rounds between."""
+        arena, and submit them; returns its outcome. Raises V2Error for a refusal before the
+        request path (shutting down, over the cap, a bad version or tensors, no room in the
+        arena); cancelling the awaiting task cancels the request. ``body``: the arena slot
+        the request's body was read into (HTTP), taken over (`v2_arena.into_slots`);
+        ``waited_ns``: its wait for the loop, for the screen (`refused_unread`)."""
         target, served_version, reason, placed = self._placed(
             model, version, slo_ns, nbytes, build, owner, body, waited_ns
         )
         tickets = [_Ticket() for _ in placed]
-        deliveries = _deliveries(len(placed), served_version, on_answer)
-        started = 0
+        futures: list[asyncio.Future[InferOutcome]] = []
         try:
-            for (row, slot, release), ticket, deliver in zip(
-                placed, tickets, deliveries, strict=True
-            ):
-                self._start(target, row, slo_ns, reason, nbytes, ticket, slot, release, deliver)
-                started += 1
+            for (row, slot, release), ticket in zip(placed, tickets, strict=True):
+                started = self._start(target, row, slo_ns, reason, nbytes, ticket, slot, release)
+                futures.append(started)
         except BaseException:  # a submit failed (a bug): the rows not started give theirs back
-            for _, _, release in placed[started + 1 :]:
+            for _, _, release in placed[len(futures) + 1 :]:
                 release()
             raise
-
-        def cancel() -> None:
+        try:
+            if len(futures) == 1:  # one row (most requests): no gathering future around it
+                return Answer(join_outcomes([await futures[0]]), served_version)
+            return Answer(join_outcomes(await asyncio.gather(*futures)), served_version)
+        except asyncio.CancelledError:
             for ticket in tickets:
                 if ticket.service_id is not None and not ticket.done:
                     self.host.requests.cancel(ticket.service_id)
-
-        return cancel
+            raise
 
     def _placed(
         self,
@@ -274,15 +241,9 @@ class Door:
         reason = host.requests.screen(target, slo_ns, None, nbytes, waited_ns)
         return target, served_version, reason
 
-    def refuse_unread(
-        self,
-        model: str,
-        version: str | None,
-        slo_ns: int | None,
-        nbytes: int,
-        on_refused: Callable[[Answer], None],
-        waited_ns: int = 0,
-    ) -> bool:
+    async def refused_unread(
+        self, model: str, version: str | None, slo_ns: int | None, nbytes: int, waited_ns: int = 0
+    ) -> Answer | None:
         """Screen a request whose body is not parsed yet (HTTP with JSON tensors: parsing is
         most of its cost) from what its head says: ``slo_ns``, the SLO it gives outside its
         body (None: not known before the parse, so the longest a body may ask for, and only
@@ -290,18 +251,16 @@ class Door:
         its body's ``nbytes`` and how long it waited
         for the loop after its answer started (``waited_ns``, `Requests.screen`: a wait the
         work booked ahead does not show, as JSON bodies parsed before their door are not
-        booked). True when the screen refuses it ``overloaded``, refused as `start` refuses
-        (counted, booked as a refusal, answered through the request book): ``on_refused``
-        gets its answer (possibly before this returns); False when it may go on to be parsed
-        and to `start`, which screens it again with the SLO its body gives. Raises V2Error
-        as `start` does before its tensors are built."""
+        booked). Returns the answer of a request the screen refuses ``overloaded``, refused
+        as `infer` refuses (counted, booked as a refusal, answered through the request book);
+        None when it may go on to be parsed and to `infer`, which screens it again with the
+        SLO its body gives. Raises V2Error as `infer` does before its tensors are built."""
         slo_ns = UNREAD_SLO_NS if slo_ns is None else slo_ns
         target, served_version, reason = self._screened(model, version, slo_ns, nbytes, waited_ns)
         if reason is None:
-            return False
-        (deliver,) = _deliveries(1, served_version, on_refused)
-        self._start(target, {}, slo_ns, reason, nbytes, _Ticket(), None, _nothing, deliver)
-        return True
+            return None
+        refused = self._start(target, {}, slo_ns, reason, nbytes, _Ticket(), None, _nothing)
+        return Answer(join_outcomes([await refused]), served_version)
 
     def _rows(self, model: str, inputs: Mapping[str, np.ndarray]) -> list[Mapping[str, np.ndarray]]:
         """A client batch as rows (`api.rows.plan_rows`: at most the model's largest batch,
@@ -323,13 +282,13 @@ class Door:
         ticket: _Ticket,
         slot: Slot | None,
         release: Callable[[], None],
-        deliver: Callable[[InferOutcome], None],
-    ) -> None:
-        """Submit one row (or refuse it with the screen's ``reason``); ``deliver`` gets its
-        outcome, once. ``slot``: the arena slot (or part) the row's inputs are in; ``release``
-        gives it back (`v2_arena.Placed`), called once with its outcome (its outputs copied
-        out of the slot first), before ``deliver``."""
+    ) -> asyncio.Future[InferOutcome]:
+        """Submit one row (or refuse it with the screen's ``reason``); its outcome's future.
+        ``slot``: the arena slot (or part) the row's inputs are in; ``release`` gives it back
+        (`v2_arena.Placed`), called once with its outcome (its outputs copied out of the slot
+        first), whoever awaits it or not."""
         host = self.host
+        future: asyncio.Future[InferOutcome] = asyncio.get_running_loop().create_future()
         host.request_started()
 
         def on_reply(outcome: InferOutcome) -> None:
@@ -340,11 +299,12 @@ class Door:
             if slot is not None:
                 outcome = detach(outcome, slot)
             release()
-            deliver(outcome)
+            if not future.done():
+                future.set_result(outcome)
 
         if reason is not None:
             host.requests.refuse(target, reason, nbytes, on_reply)
-            return
+            return future
         in_slot = {} if slot is None else {"slot": slot}
         try:
             service_id = host.requests.submit(
@@ -355,6 +315,7 @@ class Door:
                 release()
             raise
         ticket.service_id = None if ticket.done else service_id
+        return future
 
     def count(self, status: str) -> None:
         """One infer answered with ``status`` (an outcome or a front end's code)."""
@@ -445,24 +406,61 @@ def tensor_metadata(spec: TensorSpec) -> dict[str, Any]:
     }
 
 
-def _deliveries(
-    rows: int, version: int, on_answer: Callable[[Answer], None]
-) -> list[Callable[[InferOutcome], None]]:
-    """One callback per row; once each has had its outcome, ``on_answer`` gets them joined
-    (`api.rows.join_outcomes`), in row order."""
-    if rows == 1:  # most requests: no list to fill
-        return [lambda outcome: on_answer(Answer(join_outcomes([outcome]), version))]
-    outcomes: list[InferOutcome | None] = [None] * rows
-    waiting = [rows]
+def slo_ns_of(parameters: Mapping[str, Any], deadline_left_s: float | None = None) -> int | None:
+    """A request's SLO from its parameters (Triton's ``timeout`` in microseconds, ``slo_ms``)
+    and a transport deadline (gRPC's time remaining), the earliest of those given; None when
+    none is (the model's default SLO). Checks ``priority`` (accepted, not used: the deadline
+    orders requests). Raises V2Error (``bad_input``)."""
+    candidates = []
+    timeout_us = parameters.get("timeout")
+    if timeout_us is not None:
+        if not _is_int(timeout_us) or timeout_us <= 0:
+            raise V2Error(
+                Outcome.BAD_INPUT, f"timeout must be microseconds > 0, not {timeout_us!r}"
+            )
+        candidates.append(_slo_ns(timeout_us / 1000.0, "timeout"))
+    slo_ms = parameters.get("slo_ms")
+    if slo_ms is not None:
+        if not isinstance(slo_ms, int | float) or isinstance(slo_ms, bool):
+            raise V2Error(Outcome.BAD_INPUT, f"slo_ms must be a number, not {slo_ms!r}")
+        candidates.append(_slo_ns(float(slo_ms), "slo_ms"))
+    if deadline_left_s is not None:
+        if deadline_left_s <= 0:
+            raise V2Error(Outcome.INFEASIBLE, "the request's deadline has passed")
+        candidates.append(_slo_ns(deadline_left_s * 1000.0, "the deadline"))
+    priority = parameters.get("priority")
+    if priority is not None and (not _is_int(priority) or priority < 0):
+        raise V2Error(Outcome.BAD_INPUT, f"priority must be an integer >= 0, not {priority!r}")
+    return min(candidates) if candidates else None
 
-    def deliver(index: int, outcome: InferOutcome) -> None:
-        outcomes[index] = outcome
-        waiting[0] -= 1
-        if not waiting[0]:
-            joined = [outcome for outcome in outcomes if outcome is not None]
-            on_answer(Answer(join_outcomes(joined), version))
 
-    return [partial(deliver, index) for index in range(rows)]
+def header_slo_ns(value: str | None, name: str) -> int | None:
+    """The SLO of an HTTP header ``name`` (milliseconds, a number > 0), or None when it is
+    absent. Raises V2Error (``bad_input``)."""
+    if value is None:
+        return None
+    try:
+        slo_ms = float(value)
+    except ValueError:
+        raise V2Error(Outcome.BAD_INPUT, f"{name} must be milliseconds, not {value!r}") from None
+    return _slo_ns(slo_ms, name)
+
+
+def earliest(*slos_ns: int | None) -> int | None:
+    """The earliest of the SLOs given (None: not given), or None when none is."""
+    given = [slo_ns for slo_ns in slos_ns if slo_ns is not None]
+    return min(given) if given else None
+
+
+def _slo_ns(slo_ms: float, what: str) -> int:
+    try:
+        return slo_ms_to_ns(min(slo_ms, MAX_SLO_MS) if math.isfinite(slo_ms) else slo_ms)
+    except ValueError as error:
+        raise V2Error(Outcome.BAD_INPUT, f"{what}: {error}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _nothing() -> None:

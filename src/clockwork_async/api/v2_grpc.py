@@ -33,8 +33,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from clockwork_async.api.auth import Scope
 from clockwork_async.api.v2_config import GrpcConfig
-from clockwork_async.api.v2_door import EXTENSIONS, PLATFORM, Door, tensor_metadata
-from clockwork_async.api.v2_slo import slo_ns_of
+from clockwork_async.api.v2_door import EXTENSIONS, PLATFORM, Door, slo_ns_of, tensor_metadata
 from clockwork_async.api.v2_status import BAD_REQUEST, GRPC_CODE, V2Error
 from clockwork_async.api.v2_tensors import (
     TensorError,

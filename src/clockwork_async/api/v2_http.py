@@ -4,7 +4,6 @@ Requests are parsed by httptools (llhttp, the parser uvicorn uses: about 3 µs a
 against about 90 µs for h11, docs/protocol-v2.md); `api.v2_routes` answers them (health and
 metadata at once, infers through the shared door, `api.v2_door.Door`); this module moves the
 bytes, keeps the connections and their timers.
-One idea: a connection's requests, from its bytes to one answer each.
 
 Invariants: a connection serves one request at a time, in order (pipelined ones wait, and the
 socket is not read while one waits or the client does not read its replies; it is read while
@@ -32,6 +31,7 @@ import logging
 import ssl as ssl_module
 import time
 from collections import deque
+from functools import partial
 from typing import cast
 
 import httptools
@@ -44,7 +44,6 @@ from clockwork_async.api.v2_routes import (
     HEADER_LENGTH,
     HttpRequest,
     HttpResponse,
-    InferCall,
     error_response,
     route,
 )
@@ -138,16 +137,13 @@ class _HttpConnection(asyncio.Protocol):
 
     def __init__(self, front: HttpFrontEnd) -> None:
         self._front = front
-        self._loop = asyncio.get_running_loop()  # made by the loop, on a connection's accept
         self._door = front.door
         self._config = front.config
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
         self._request: HttpRequest | None = None  # being read
         self._queue: deque[HttpRequest] = deque()  # read, not answered
-        self._call: InferCall | None = None  # the infer being answered, or
-        self._task: asyncio.Task[HttpResponse] | None = None  # the load or unload
-        self._answering: HttpRequest | None = None  # the request of either
+        self._task: asyncio.Task[HttpResponse] | None = None  # the infer being answered
         self._timer = ConnectionTimer(self._timed_out)
         self._writing_paused = False
         self._failure: V2Error | None = None  # the unreadable request's answer, sent last
@@ -171,9 +167,6 @@ class _HttpConnection(asyncio.Protocol):
             request.release()  # read (or half read) into the arena, never answered
         if self._task is not None:
             self._task.cancel()  # the door cancels the request
-        elif self._call is not None:
-            self._call.cancel()  # the door cancels the request; nothing is delivered
-            self._ended(self._answering)
 
     def data_received(self, data: bytes) -> None:
         if self._closed or self._failure is not None:
@@ -274,7 +267,7 @@ class _HttpConnection(asyncio.Protocol):
 
     def _next(self) -> None:
         """Answer the next queued request, unless one is being answered or writes wait."""
-        while self._queue and not self._busy and not self._writing_paused:
+        while self._queue and self._task is None and not self._writing_paused:
             if self._closed:
                 return
             request = self._queue.popleft()
@@ -289,58 +282,35 @@ class _HttpConnection(asyncio.Protocol):
             if isinstance(answer, HttpResponse):
                 request.release()
                 self._write(answer, request)
-                continue
-            self._answering = request
-            self._front.started()
-            if isinstance(answer, InferCall):  # started in the next loop round, as a task is
-                self._call = answer
-                self._loop.call_soon(self._start_call, answer)
             else:
-                self._task = self._loop.create_task(answer)
-                self._task.add_done_callback(self._task_done)
+                self._task = asyncio.get_running_loop().create_task(answer)
+                self._task.add_done_callback(partial(self._answered, request=request))
+                self._front.started()
         if self._closed or self._queue:
             return
         if self._failure is not None:
-            if not self._busy:  # every request read before it is answered: it is last
+            if self._task is None:  # every request read before it is answered: it is last
                 self._write(error_response(self._failure), HttpRequest(keep_alive=False), True)
             return
         if self._transport is not None:  # reading on while one is answered: a close is seen
             self._transport.resume_reading()
-        if not self._busy and self._request is None:
+        if self._task is None and self._request is None:
             self._arm(self._config.idle_timeout_s)
 
-    @property
-    def _busy(self) -> bool:
-        return self._call is not None or self._task is not None
-
-    def _start_call(self, call: InferCall) -> None:
-        if call is self._call:  # else cancelled meanwhile (its connection went away)
-            call.start(self._answered)
-
-    def _task_done(self, task: asyncio.Task[HttpResponse]) -> None:
-        if task.cancelled():
-            response = None
-        elif (error := task.exception()) is not None:
-            log.error("HTTP request failed", exc_info=error)
+    def _answered(self, task: asyncio.Task[HttpResponse], *, request: HttpRequest) -> None:
+        self._task = None
+        self._front.ended()
+        request.release()  # unless the door took its slot
+        if task.cancelled() or self._closed:
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("HTTP infer failed", exc_info=error)
             response = error_response(V2Error("internal", f"the daemon failed: {error!r}"))
         else:
             response = task.result()
-        self._answered(response)
-
-    def _answered(self, response: HttpResponse | None) -> None:
-        """The request being answered has its answer (None: cancelled): written, and on."""
-        request = self._answering
-        self._ended(request)
-        if response is None or self._closed or request is None:
-            return
         self._write(response, request, close=self._front.closing)
         self._next()
-
-    def _ended(self, request: HttpRequest | None) -> None:
-        self._call = self._task = self._answering = None
-        self._front.ended()
-        if request is not None:
-            request.release()  # unless the door took its slot
 
     def _write(self, response: HttpResponse, request: HttpRequest, close: bool = False) -> None:
         transport = self._transport
@@ -382,7 +352,7 @@ class _HttpConnection(asyncio.Protocol):
         raise _Stop
 
     def close_if_idle(self) -> None:
-        if not self._busy and self._request is None and not self._queue:
+        if self._task is None and self._request is None and not self._queue:
             self._close()
 
     def abort(self) -> None:
@@ -404,5 +374,5 @@ class _HttpConnection(asyncio.Protocol):
     def _timed_out(self) -> None:
         if self._request is not None:  # a request started and not finished: a slow client
             self._fail(V2Error(REQUEST_TIMEOUT, "the request was not received in time"))
-        elif not self._busy and not self._queue:
+        elif self._task is None and not self._queue:
             self._close()  # idle

@@ -14,13 +14,10 @@ is parsed has no ``id``: it is never read); an infer's SLO is the earliest of it
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -28,8 +25,7 @@ import httptools
 
 from clockwork_async.api.auth import Scope
 from clockwork_async.api.v2_arena import BodyInSlot
-from clockwork_async.api.v2_door import Answer, Door
-from clockwork_async.api.v2_slo import earliest, header_slo_ns, slo_ns_of
+from clockwork_async.api.v2_door import Door, earliest, header_slo_ns, slo_ns_of
 from clockwork_async.api.v2_status import (
     BAD_REQUEST,
     METHOD_NOT_ALLOWED,
@@ -40,7 +36,6 @@ from clockwork_async.api.v2_status import (
 )
 from clockwork_async.api.v2_tensors import (
     EncodedResponse,
-    RequestHeader,
     TensorError,
     build_inputs,
     encode_response,
@@ -106,9 +101,8 @@ def error_response(
     return HttpResponse(status or error.http_status, body, tuple(more))
 
 
-def route(door: Door, request: HttpRequest) -> HttpResponse | InferCall | Any:
-    """The answer to ``request``: a response now, an `InferCall` (an infer: started with a
-    callback or awaited), or a coroutine that makes one (a model's load or unload)."""
+def route(door: Door, request: HttpRequest) -> HttpResponse | Any:
+    """The answer to ``request``: a response now, or a coroutine that makes one (infer)."""
     try:
         path = httptools.parse_url(bytes(request.url)).path.decode("utf-8")
     except (httptools.HttpParserInvalidURLError, UnicodeDecodeError):
@@ -146,7 +140,7 @@ def _dispatch(door: Door, request: HttpRequest, parts: list[str]) -> HttpRespons
             return json_response(200, {})
         raise V2Error(NOT_READY, f"model {model!r} is not ready")
     _method(request, "POST")
-    return InferCall(door, request, model, version)
+    return infer(door, request, model, version)
 
 
 def _repository(door: Door, request: HttpRequest, rest: list[str]) -> HttpResponse | Any:
@@ -213,138 +207,52 @@ def _method(request: HttpRequest, allowed: str) -> None:
         raise V2Error(METHOD_NOT_ALLOWED, f"{request.method} is not allowed here ({allowed} is)")
 
 
-class InferCall:
-    """One infer request, JSON or with the binary tensor data extension, answered through a
-    callback (`start`, as `api.v2_http` does: no task, no loop rounds between its outcome
-    and its answer) or awaited (a coroutine's way). Every path ends in one answer: an error
-    one for a refusal or a bad request, a 500 ``internal`` one for a bug."""
-
-    __slots__ = (
-        "_cancel",
-        "_door",
-        "_echo",
-        "_ended",
-        "_model",
-        "_reply",
-        "_request",
-        "_request_id",
-        "_trace",
-        "_version",
-    )
-
-    def __init__(self, door: Door, request: HttpRequest, model: str, version: str | None) -> None:
-        self._door, self._request = door, request
-        self._model, self._version = model, version
-        self._trace = request.headers.get("traceparent")
-        self._echo = (("traceparent", self._trace),) if self._trace else ()
-        self._request_id = ""  # known once its JSON is parsed
-        self._reply: Callable[[HttpResponse], None] = _ignore
-        self._cancel: Callable[[], None] = _nothing
-        self._ended = False  # answered or cancelled: nothing more is delivered
-
-    def start(self, reply: Callable[[HttpResponse], None]) -> None:
-        """Take the request; ``reply`` gets its answer once (possibly before this returns)."""
-        self._reply = reply
-        self._step(self._screen)
-
-    def cancel(self) -> None:
-        """Its client went away: cancel it at the door; nothing is delivered."""
-        self._ended = True
-        self._cancel()
-
-    def __await__(self) -> Generator[Any, None, HttpResponse]:
-        return self._awaited().__await__()
-
-    async def _awaited(self) -> HttpResponse:
-        answered: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
-        self.start(answered.set_result)
-        try:
-            return await answered
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
-
-    def _screen(self) -> HttpResponse | None:
-        """JSON tensors: screened before the body is parsed; then on to `_submit`."""
-        request = self._request
-        nbytes = request.body_view().nbytes
-        json_bytes = _header_bytes(request, nbytes)
-        head_slo_ns = header_slo_ns(request.headers.get(SLO_HEADER), SLO_HEADER)
-        if json_bytes == nbytes:
-            waited_ns = request.waited_ns()
-            args = (self._model, self._version, head_slo_ns, nbytes, self._refused, waited_ns)
-            if self._door.refuse_unread(*args):
-                return None  # `_refused` answers
-        self._submit(json_bytes, head_slo_ns)
-        return None  # its outcome's callback answers
-
-    def _refused(self, answer: Answer) -> None:
-        outcome = answer.outcome
-        self._step(_raise, V2Error(outcome.outcome.value, outcome.message))
-
-    def _submit(self, json_bytes: int, head_slo_ns: int | None) -> None:
-        request = self._request
+async def infer(door: Door, request: HttpRequest, model: str, version: str | None) -> HttpResponse:
+    """One infer request, JSON or with the binary tensor data extension."""
+    trace = request.headers.get("traceparent")
+    echo = (("traceparent", trace),) if trace else ()
+    request_id = ""
+    try:
         body = request.body_view()
-        unread = json_bytes == body.nbytes
+        json_bytes = _header_bytes(request, body.nbytes)
+        head_slo_ns = header_slo_ns(request.headers.get(SLO_HEADER), SLO_HEADER)
+        unread = json_bytes == body.nbytes  # JSON tensors: screened before the body is parsed
+        if unread:
+            waited_ns = request.waited_ns()
+            refused = await door.refused_unread(model, version, head_slo_ns, body.nbytes, waited_ns)
+            if refused is not None:
+                raise V2Error(refused.outcome.outcome.value, refused.outcome.message)
         header = parse_request(body[:json_bytes])
-        self._request_id = header.id
+        request_id = header.id
         slo_ns = earliest(head_slo_ns, slo_ns_of(header.parameters))
-        self._cancel = self._door.start(
-            self._model,
-            self._version,
+        answer = await door.infer(
+            model,
+            version,
             slo_ns,
             body.nbytes,
             lambda: build_inputs(header, body[json_bytes:]),
-            partial(self._step, self._answered, header),
             request.owner,
             request.in_slot.take() if request.in_slot is not None else None,
             request.waited_ns() if unread else 0,  # and again with the SLO its body gives
         )
-
-    def _answered(self, header: RequestHeader, answer: Answer) -> HttpResponse:
         outcome = answer.outcome
         if outcome.outcome not in (Outcome.OK, Outcome.LATE):
             raise V2Error(outcome.outcome.value, outcome.message)
-        model = self._model
         document: dict[str, Any] = {"model_name": model, "model_version": str(answer.version)}
-        if self._request_id:
-            document["id"] = self._request_id
+        if request_id:
+            document["id"] = request_id
         if outcome.outcome is Outcome.LATE:
             document["parameters"] = {"outcome": Outcome.LATE.value}
         encoded = encode_response(document, select_outputs(outcome.outputs, header))
-        status = outcome.outcome.value
-        self._door.answered(model, self._request_id, self._trace, status, "")
-        return HttpResponse(200, encoded, (*self._echo, ("clockwork-outcome", status)))
-
-    def _step(self, step: Callable[..., HttpResponse | None], *args: Any) -> None:
-        """Run one step; deliver the answer it makes, or the error it raises as one."""
-        if self._ended:
-            return
-        try:
-            response = step(*args)
-        except (TensorError, V2Error) as error:
-            failure = V2Error(BAD_REQUEST, str(error)) if isinstance(error, TensorError) else error
-            door = self._door
-            door.answered(self._model, self._request_id, self._trace, failure.code, failure.message)
-            response = error_response(failure, *self._echo)
-        except Exception as error:  # a bug: answered all the same, once
-            log.error("HTTP infer failed", exc_info=error)
-            response = error_response(V2Error("internal", f"the daemon failed: {error!r}"))
-        if response is not None and not self._ended:
-            self._ended = True
-            self._reply(response)
-
-
-def _raise(error: V2Error) -> None:
-    raise error
-
-
-def _ignore(response: HttpResponse) -> None:
-    pass
-
-
-def _nothing() -> None:
-    pass
+    except TensorError as error:
+        failure = V2Error(BAD_REQUEST, str(error))
+        door.answered(model, request_id, trace, failure.code, failure.message)
+        return error_response(failure, *echo)
+    except V2Error as error:
+        door.answered(model, request_id, trace, error.code, error.message)
+        return error_response(error, *echo)
+    door.answered(model, request_id, trace, outcome.outcome.value, "")
+    return HttpResponse(200, encoded, (*echo, ("clockwork-outcome", outcome.outcome.value)))
 
 
 def _header_bytes(request: HttpRequest, body_bytes: int) -> int:
