@@ -1,5 +1,6 @@
 """The Open Inference Protocol's (KServe v2) tensors, as JSON and as the binary tensor data
 extension: request bodies in, response bodies out. Pure: bytes and numpy, no I/O, no clock.
+One idea: the protocol's tensor codec, both ways.
 
 A request body is one JSON object, or (binary extension) a JSON object of
 ``header_bytes`` bytes followed by the raw bytes of the inputs whose ``parameters`` carry a
