@@ -282,7 +282,7 @@ class Simulation(ExecutorHost):
             self._print_progress(time.perf_counter(), wall_start)
 
     def _step(self, event: tuple[int, int, int, object, object]) -> None:
-        now_ns, _, kind, first, second = event
+        now_ns, _seq, kind, first, second = event  # not ``_``: compiled, it would box the int
         self.now_ns = now_ns
         # The casts check the type and let the compiled engine call the method directly.
         if kind <= 1:
@@ -294,7 +294,7 @@ class Simulation(ExecutorHost):
                 cast(StartInfer | StartLoad | StartUnload, second), now_ns
             )
         elif kind == EV_TICK:
-            if first == self._wake_generation:
+            if cast(int, first) == self._wake_generation:
                 self._feed(_TICK, now_ns)
         else:
             self._scheduled_arrivals -= 1
