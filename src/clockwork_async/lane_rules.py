@@ -122,7 +122,7 @@ class LaneQueue(Generic[T]):
         heap = self._heap
         if not heap:
             return None
-        earliest_ns, _, latest_ns, job = heap[0]
+        earliest_ns, _seq, latest_ns, job = heap[0]
         if now_ns > latest_ns:
             _heappop(heap)
             return RejectJob(job)

@@ -8,6 +8,7 @@ from clockwork_async.build import core_compiled
 from clockwork_async.core.errors import InvalidEvent, TimeWentBackwards
 from clockwork_async.core.events import (
     ActionFinished,
+    ExecutionTimes,
     ExecutorJoined,
     ExecutorLeft,
     ModelRegistered,
@@ -196,6 +197,32 @@ def test_ok_reply_carries_the_action_and_the_prediction_error_is_recorded() -> N
     )
     assert h.ctl.stats().prediction_errors["infer"].sum_ns == 100 * US
     assert h.ctl.predicted_exec_ns("a", KIND, 1) == B1 + 100 * US  # p99 of {seed, sample}
+    start_ns = infer.planned_start_ns  # the harness's action ran from its planned start
+    assert dict(reply.details) == {  # built on reading, from the answer's ExecutionTimes
+        "batch_size": 1,
+        "predicted_ns": infer.predicted_ns,
+        "measured_ns": B1 + 100 * US - start_ns,
+        "arrival_ns": 0,
+        "start_ns": start_ns,
+        "end_ns": B1 + 100 * US,
+    }
+
+
+def test_reply_details_given_built_from_times_or_empty() -> None:
+    times = ExecutionTimes(2, 5, 6, 1, 3, 9)
+    built = Reply(7, Outcome.OK, times=times)
+    assert built.details == {
+        "batch_size": 2,
+        "predicted_ns": 5,
+        "measured_ns": 6,
+        "arrival_ns": 1,
+        "start_ns": 3,
+        "end_ns": 9,
+    }
+    assert Reply(7, Outcome.OK, details={"x": 1}, times=times).details == {"x": 1}
+    assert Reply(7, Outcome.DROPPED).details == {}
+    assert built == Reply(7, Outcome.OK, times=ExecutionTimes(2, 5, 6, 1, 3, 9))
+    assert built != Reply(7, Outcome.OK, times=ExecutionTimes(2, 5, 6, 1, 3, 10))
 
 
 def test_hot_model_gets_a_second_copy_on_an_idle_executor() -> None:

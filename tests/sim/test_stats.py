@@ -46,3 +46,17 @@ def test_counts_read_as_counters_of_what_was_counted() -> None:
     assert interval.latency_bins == Counter({5_000: 1, 10: 1})
     stats.outcomes["ok"] += 5  # a copy: the run's counts stay as counted
     assert stats.outcomes["ok"] == 2
+
+
+def test_ok_counted_apart_reads_in_the_order_the_outcomes_came() -> None:
+    stats = SimStats(interval_ns=1_000_000_000)
+    stats.on_reply(Outcome.DROPPED, 100, 0)  # interval 0: dropped first, then ok
+    stats.on_reply(Outcome.OK, 200, 0)
+    stats.on_reply(Outcome.OK, 1_000_000_100, 1_000_000_000)  # interval 1: ok first
+    stats.on_reply(Outcome.DROPPED, 1_000_000_200, 1_000_000_000)
+    stats.on_reply(Outcome.OK, 1_000_000_300, 1_000_000_000)
+    assert list(stats.outcomes.items()) == [("dropped", 2), ("ok", 3)]
+    first, second = stats.timeline.intervals
+    assert list(first.outcomes.items()) == [("dropped", 1), ("ok", 1)]
+    assert list(second.outcomes.items()) == [("ok", 2), ("dropped", 1)]
+    assert SimStats(interval_ns=1).outcomes == Counter()  # no ok: no ok key

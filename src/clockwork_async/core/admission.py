@@ -70,7 +70,7 @@ def _refuse(
     if outcome is Outcome.INFEASIBLE:  # nothing runs to correct an outlier: relax
         model.refused_at_ns = core.now_ns
         _relax(core, model)
-        internal_ns, _ = policy.plan_keys(core, model, deadline_ns)
+        internal_ns, _key_ns = policy.plan_keys(core, model, deadline_ns)
         if core.config.warm_up_infers:
             warm_up(core, model, internal_ns)
         probe(core, model, internal_ns)

@@ -123,7 +123,7 @@ class ClockworkPolicy(Policy):
             return capped
         if not core.executors:
             return Outcome.INFEASIBLE, "no executor is connected", False
-        internal_ns, _ = self.plan_keys(core, model, deadline_ns)
+        internal_ns, _key_ns = self.plan_keys(core, model, deadline_ns)
         quote = best_quote(core, model, internal_ns)
         room_ns = 0 if quote is None else _overrun_ns(core, quote)
         if quote is not None and quote.finish_ns + room_ns <= internal_ns:

@@ -148,8 +148,17 @@ class RequestQueue(Generic[RequestState]):
             if self._live(requests[index]):
                 taken.append(requests[index])
             index += 1
-        del self._keys[position:index]
-        del requests[position:index]
+        keys = self._keys
+        if index == len(requests):
+            # The usual case (most queues hold one batch): the run taken reaches the end.
+            # Popped, not sliced off: compiled, a slice deletion makes a slice object of two
+            # boxed ints and goes through the generic item protocol, twice.
+            while len(requests) > position:
+                requests.pop()
+                keys.pop()
+        else:
+            del keys[position:index]
+            del requests[position:index]
         return taken
 
     def drain(self) -> list[RequestState]:

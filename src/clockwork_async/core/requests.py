@@ -11,12 +11,11 @@ questions); these functions carry out the answers.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
 from typing import Final
 
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
-from .events import Reply
+from .events import ExecutionTimes, Reply
 from .ledger import book, release, unbook
 from .outcomes import Outcome
 from .queues import RequestStatus
@@ -59,7 +58,7 @@ def answer(
     outcome: Outcome,
     message: str = "",
     action: Action | None = None,
-    details: Mapping[str, int] | None = None,
+    times: ExecutionTimes | None = None,
 ) -> None:
     """Answer an accepted request (QUEUED or RUNNING) and forget it."""
     if request.status is RequestStatus.QUEUED:
@@ -81,7 +80,8 @@ def answer(
             message,
             action.action_id if action is not None else None,
             action.executor_id if action is not None else None,
-            details if details is not None else {},
+            None,
+            times,
         )
     )
 

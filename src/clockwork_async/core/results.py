@@ -14,7 +14,7 @@ from __future__ import annotations
 from .agenda import mark_cold, push_head
 from .entities import Action, ActionKind, ExecutorState, RequestState
 from .errors import InvalidEvent
-from .events import ActionFinished
+from .events import ActionFinished, ExecutionTimes
 from .eviction import forget_if_gone, send_unload
 from .outcomes import Outcome
 from .policies import Policy
@@ -142,18 +142,18 @@ def _answer_batch(core: CoreState, action: Action, event: ActionFinished) -> Non
         # The one judge of ok and late: the reply must still go out (the return hop's way,
         # the runtime's estimate of one trip through the daemon's loop) by the true deadline.
         on_time = now_ns + core.return_hop_ns <= request.reply_by_ns
-        details = {
-            "batch_size": action.batch_size,
-            "predicted_ns": action.predicted_ns,
-            "measured_ns": event.duration_ns,
-            "arrival_ns": request.arrival_ns,
-            "start_ns": event.start_ns,
-            "end_ns": event.end_ns,
-        }
+        times = ExecutionTimes(
+            action.batch_size,
+            action.predicted_ns,
+            event.duration_ns,
+            request.arrival_ns,
+            event.start_ns,
+            event.end_ns,
+        )
         if on_time:
-            answer(core, request, Outcome.OK, "", action, details)
+            answer(core, request, Outcome.OK, "", action, times)
         else:
-            answer(core, request, Outcome.LATE, _late_message(core, request), action, details)
+            answer(core, request, Outcome.LATE, _late_message(core, request), action, times)
 
 
 def _late_message(core: CoreState, request: RequestState) -> str:

@@ -44,7 +44,9 @@ def run_due(core: CoreState, policy: Policy) -> None:
     now_ns = core.now_ns
     timers = core.exec_timers
     while timers and timers[0][0] <= now_ns:
-        _, _, version, executor = _heappop(timers)
+        # Named, not ``_``: compiled, ``_`` is an ``object``, so an int unpacked into it is
+        # boxed (a new int object, freed at once); ``_seq`` stays a native int.
+        _at_ns, _seq, version, executor = _heappop(timers)
         if version == executor.timer_version and executor.alive:
             executor.timer_at_ns = -1
             core.to_fill[executor.executor_id] = executor
@@ -142,7 +144,7 @@ def _shed(core: CoreState, policy: Policy, executor: ExecutorState, start_ns: in
     heap = executor.heap
     while True:
         if heap:  # fast path: the most urgent head still fits after the committed work
-            key_ns, _, version, top = heap[0]
+            key_ns, _seq, version, top = heap[0]
             fits_ns = start_ns + predict(core, top, executor).exec_ns[top.spec.batch_sizes[0]]
             if version == top.version and key_ns >= fits_ns and top.name in executor.loaded:
                 return
@@ -167,7 +169,7 @@ def _pop_model(core: CoreState, executor: ExecutorState) -> ModelState | None:
     heap = executor.heap
     loaded = executor.loaded
     while heap:
-        key_ns, _, version, model = _heappop(heap)
+        key_ns, _seq, version, model = _heappop(heap)
         if version != model.version or model.retired or model.name not in loaded:
             continue
         head = model.peek()
@@ -222,7 +224,7 @@ def run_drops(core: CoreState, policy: Policy) -> None:
     now_ns = core.now_ns
     timers = core.drop_timers
     while timers and timers[0][0] <= now_ns:
-        _, _, cold, request = _heappop(timers)
+        _at_ns, _seq, cold, request = _heappop(timers)
         if request.status is not RequestStatus.QUEUED:
             continue
         model = request.model
@@ -244,7 +246,7 @@ def next_wake_ns(core: CoreState) -> int:
 def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> int:
     """Return the earliest live timer's time (stale heads are popped on the way)."""
     while timers:
-        at_ns, _, version, executor = timers[0]
+        at_ns, _seq, version, executor = timers[0]
         if version == executor.timer_version and executor.alive:
             return at_ns
         _heappop(timers)
@@ -254,7 +256,7 @@ def _first_live_timer_ns(timers: list[tuple[int, int, int, ExecutorState]]) -> i
 def _first_live_drop_ns(drops: list[tuple[int, int, bool, RequestState]]) -> int:
     """Return the earliest live drop timer's time (stale heads are popped on the way)."""
     while drops:
-        at_ns, _, cold, request = drops[0]
+        at_ns, _seq, cold, request = drops[0]
         if request.status is RequestStatus.QUEUED and not (cold and request.model.has_copy()):
             return at_ns
         _heappop(drops)

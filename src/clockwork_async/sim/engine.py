@@ -56,6 +56,7 @@ from clockwork_async.core.outcomes import Outcome
 
 from .contention import Contention, ContentionClock
 from .executors import ExecutorHost, LaneIndex, SimExecutor, SimLane
+from .pending import PendingRequests
 from .profiles import RESNET50_V100, SimProfile
 from .stats import RecordSink, SimStats
 from .workloads import OpenLoop, Workload, request_slos_ns
@@ -169,7 +170,7 @@ class Simulation(ExecutorHost):
         self._ready: list[tuple[int, ActionFinished]] = []
         self._result_shortcut = config.message_delay_ns == 0  # tests turn it off to compare
         self._direct_results = False  # the shortcut is in use (in `run`'s arrival loop only)
-        self._pending: dict[int, tuple[int, int, int, bool]] = {}  # id -> inst, arr, ddl, cold
+        self._pending = PendingRequests()  # id -> instance, arrival, deadline, cold
         self._next_request_id = 0
         self._scheduled_arrivals = 0
         self._wake_generation = 0
@@ -266,7 +267,7 @@ class Simulation(ExecutorHost):
         """Run heap events while requests are outstanding or still to be sent, until no
         request has been answered for ``drain_limit_ns`` past the last arrival or reply."""
         heap, quiet_ns = self._heap, self.config.drain_limit_ns
-        while heap and (self._pending or self._scheduled_arrivals):
+        while heap and (self._pending.outstanding or self._scheduled_arrivals):
             if heap[0][0] > max(end_ns, self._last_reply_ns) + quiet_ns:
                 break
             self._step(_heappop(heap))
@@ -275,13 +276,13 @@ class Simulation(ExecutorHost):
         stats = self.stats
         stats.simulated_ns = self.now_ns
         stats.wall_s = time.perf_counter() - wall_start
-        stats.lost = len(self._pending)
-        stats.lost_examples = sorted(self._pending)[:10]
+        stats.lost = self._pending.outstanding
+        stats.lost_examples = self._pending.ids()[:10]
         if self._progress is not None:
             self._print_progress(time.perf_counter(), wall_start)
 
     def _step(self, event: tuple[int, int, int, object, object]) -> None:
-        now_ns, _, kind, first, second = event
+        now_ns, _seq, kind, first, second = event  # not ``_``: compiled, it would box the int
         self.now_ns = now_ns
         # The casts check the type and let the compiled engine call the method directly.
         if kind <= 1:
@@ -293,7 +294,7 @@ class Simulation(ExecutorHost):
                 cast(StartInfer | StartLoad | StartUnload, second), now_ns
             )
         elif kind == EV_TICK:
-            if first == self._wake_generation:
+            if cast(int, first) == self._wake_generation:
                 self._feed(_TICK, now_ns)
         else:
             self._scheduled_arrivals -= 1
@@ -334,7 +335,7 @@ class Simulation(ExecutorHost):
         simulated_s = self.now_ns / NS_PER_S
         print(
             f"sim: t={simulated_s:,.1f} s  requests={stats.requests:,}  "
-            f"ok={stats.outcomes['ok']:,}  pending={len(self._pending):,}  "
+            f"ok={stats.outcomes['ok']:,}  pending={self._pending.outstanding:,}  "
             f"{stats.requests / elapsed_s:,.0f} req/s  {simulated_s / elapsed_s:,.2f}x real time",
             file=self._progress,
             flush=True,
@@ -371,7 +372,7 @@ class Simulation(ExecutorHost):
         slo_ns = self.config.slo_ns if self._slos_ns is None else self._slos_ns[request_id]
         deadline_ns = now_ns + slo_ns
         cold = self._resident[instance] == 0
-        self._pending[request_id] = (instance, now_ns, deadline_ns, cold)
+        self._pending.add((instance, now_ns, deadline_ns, cold))  # at request_id
         self.stats.on_arrival(now_ns, cold)
         self._feed(RequestArrived(request_id, self._names[instance], deadline_ns), now_ns)
         self._count_event()
@@ -394,12 +395,11 @@ class Simulation(ExecutorHost):
         self.schedule_event(max(command.time_ns, now_ns), EV_TICK, self._wake_generation, None)
 
     def _on_reply(self, reply: Reply, now_ns: int) -> None:
-        entry = self._pending.get(reply.request_id)  # get and del: compiled, pop is generic
+        entry = self._pending.take(reply.request_id)
         if entry is None:
             known = 0 <= reply.request_id < self._next_request_id
             self.stats.violations["second_reply" if known else "reply_to_unknown_request"] += 1
             return
-        del self._pending[reply.request_id]
         instance, arrival_ns, deadline_ns, cold = entry
         self._last_reply_ns = now_ns
         outcome = reply.outcome

@@ -83,12 +83,16 @@ class SimLane:
     """Queued actions (`LaneQueue`); the running one; a LOAD holding the lane while it waits
     for pages; the wake-up asked for."""
 
-    __slots__ = ("blocked", "index", "queue", "running", "wake_ns")
+    __slots__ = ("begun_ns", "blocked", "index", "queue", "running", "start_ns", "wake_ns")
 
     def __init__(self, index: LaneIndex) -> None:
         self.index = index
         self.queue: LaneQueue[Command] = LaneQueue()
-        self.running: tuple[StartLoad | StartInfer, int, int] | None = None  # (start, begun)
+        # The running action, when its lane started it and when it began (a LOAD may wait for
+        # pages in between). Fields, not a tuple: compiled, a tuple boxes both ints.
+        self.running: StartLoad | StartInfer | None = None
+        self.start_ns = 0
+        self.begun_ns = 0
         self.blocked: tuple[StartLoad, int] | None = None  # (LOAD, start_ns): waits for pages
         self.wake_ns = -1  # a pending EV_LANE_DUE time, or -1
 
@@ -211,7 +215,8 @@ class SimExecutor:
             if self.models.get(command.model) is not _LOADED:
                 self._fail(command, ErrorCode.NOT_LOADED, now_ns)
                 return
-            lane.running = (command, now_ns, now_ns)
+            lane.running = command
+            lane.start_ns = lane.begun_ns = now_ns
             duration_ns = self._duration(self.profile.execute_ns[command.batch_size], now_ns)
             self._host.schedule_event(now_ns + duration_ns, EV_LANE_DONE, self, lane)
         elif isinstance(command, StartLoad):
@@ -242,7 +247,9 @@ class SimExecutor:
         self.pages_free -= self.profile.weights_pages
         self.models[command.model] = _LOADING
         lane.blocked = None
-        lane.running = (command, start_ns, now_ns)
+        lane.running = command
+        lane.start_ns = start_ns
+        lane.begun_ns = now_ns
         self._host.schedule_event(
             now_ns + self._duration(self.profile.load_ns, now_ns), EV_LANE_DONE, self, lane
         )
@@ -257,8 +264,10 @@ class SimExecutor:
         return base_ns
 
     def _finish(self, lane: SimLane, now_ns: int) -> None:
-        assert lane.running is not None, "a lane finished with nothing running"
-        command, start_ns, begun_ns = lane.running
+        command = lane.running
+        assert command is not None, "a lane finished with nothing running"
+        start_ns = lane.start_ns
+        begun_ns = lane.begun_ns
         lane.running = None
         if isinstance(command, StartLoad):
             self.models[command.model] = _LOADED
@@ -288,4 +297,4 @@ class SimExecutor:
     def running_model(self, lane: LaneIndex) -> str | None:
         """The model of the action running on ``lane``, if any."""
         running = self.lanes[lane].running
-        return None if running is None else running[0].model
+        return None if running is None else running.model
