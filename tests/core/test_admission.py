@@ -13,6 +13,7 @@ import pytest
 
 from clockwork_async.core.errors import InvalidEvent
 from clockwork_async.core.events import (
+    ExecutorJoined,
     ExecutorLead,
     ExecutorLeft,
     Reply,
@@ -22,7 +23,7 @@ from clockwork_async.core.events import (
 )
 from clockwork_async.core.outcomes import Outcome
 
-from .harness import MS, US, Harness, only
+from .harness import KIND, MS, US, Harness, only
 from .test_scheduling import B1, B4, busy_lane, loaded_harness
 
 LOAD = 8_300 * US
@@ -108,6 +109,23 @@ def test_a_cold_request_behind_a_busy_load_lane_is_rejected() -> None:
     assert (infer.model, infer.request_ids, infer.planned_start_ns) == ("a", (11,), 4 * LOAD)
     h.finish(infer)
     assert h.outcome(11) is Outcome.OK and h.ctl.stats().outcomes["dropped"] == 0
+
+
+def test_a_reserved_load_is_released_when_its_last_request_runs_on_a_new_copy() -> None:
+    """z's LOAD is reserved on e1 behind two LOADs in flight; e2 joins holding z and its
+    request runs there: nobody waits for the reserved LOAD, so its pages and lane time are
+    free again at once, not only when e1's load lane frees (found by test_properties)."""
+    h = Harness()
+    h.register("x", "y", "z")
+    h.join("e1")
+    for request_id, model in enumerate("xyz"):
+        h.request(request_id, model, 100 * MS)  # x, y loading; z reserved
+    assert h.ctl.executor("e1").reserved_loads == 1
+    joined = ExecutorJoined("e2", KIND, 1376, 16 << 20, ("z",))
+    (infer,) = only(h.at(h.now_ns, joined) + h.tick(h.now_ns), StartInfer)
+    assert (infer.executor_id, infer.model, infer.request_ids) == ("e2", "z", (2,))
+    stats = h.ctl.executor("e1")
+    assert (stats.reserved_loads, stats.reserved_pages, stats.pages_used) == (0, 0, 14)
 
 
 def test_a_refusal_behind_a_load_names_that_load_and_no_new_cold_start() -> None:
