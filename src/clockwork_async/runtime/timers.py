@@ -296,8 +296,13 @@ class LoopLane:
     requests admitted, their bytes, the requests refused and a constant (the loop's other work:
     heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
     (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
-    ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
-    (its measured lag) is not booked as work ahead: it is over once it was measured. A request
+    ``min_samples`` samples with requests exist the prior is used. The busy time is stretched
+    by the share of the CPU the thread got while it could run (``wait_ns``: its time runnable
+    but not running, the kernel's run delay): on a CPU shared with other processes (the
+    client, a build) a request's work takes that much longer in wall time, which is the time
+    a deadline counts (unstretched, a loop given a third of its CPU books a third of its real
+    delay and admits what it then drops: issue 26, 16 B rows). A past stall of the loop (its
+    measured lag) is not booked as work ahead: it is over once it was measured. A request
     that already waited for the loop before its door (an HTTP request read while the loop was
     busy: work no booking saw, such as parsing JSON bodies ahead of it) brings that wait as the
     loop's delay for it (`refusal`'s ``waited_ns``).
@@ -312,6 +317,7 @@ class LoopLane:
         now_ns: Callable[[], int] = time.monotonic_ns,
         thread_ns: Callable[[], int] = time.thread_time_ns,
         poll_ns: Callable[[], int] = lambda: 0,
+        wait_ns: Callable[[], int] = lambda: 0,
         sample_interval_s: float = 0.02,
         window: int = 64,
         min_samples: int = 8,
@@ -320,6 +326,7 @@ class LoopLane:
         self._now_ns = now_ns
         self._thread_ns = thread_ns
         self._poll_ns = poll_ns
+        self._wait_ns = wait_ns
         self._interval_s = sample_interval_s
         self._min_samples = min_samples
         self._prior = prior
@@ -327,7 +334,7 @@ class LoopLane:
         self._free_at_ns = 0
         self._samples: deque[tuple[int, int, int, int]] = deque(maxlen=window)
         self._admitted = self._bytes = self._refused = 0
-        self._last_thread_ns = 0
+        self._last_thread_ns = self._last_poll_ns = self._last_wait_ns = 0
         self._handle: asyncio.TimerHandle | None = None
 
     def delay_ns(self, now_ns: int) -> int:
@@ -369,9 +376,13 @@ class LoopLane:
             self._refused += 1
         self._free_at_ns = max(self._free_at_ns, now_ns) + cost_ns
 
-    def observe(self, busy_ns: int) -> None:
-        """The loop was busy ``busy_ns`` since the last call: learn the costs."""
-        self._samples.append((self._admitted, self._bytes, self._refused, max(0, busy_ns)))
+    def observe(self, busy_ns: int, *, cpu_ns: int = 0, waited_ns: int = 0) -> None:
+        """The loop was busy ``busy_ns`` since the last call (of ``cpu_ns`` on the CPU in all,
+        busy polling included, and ``waited_ns`` runnable but not running): learn the costs."""
+        busy_ns = max(0, busy_ns)
+        if cpu_ns > 0 and waited_ns > 0:  # the busy part's share of the wait, as wall time
+            busy_ns += busy_ns * waited_ns // cpu_ns
+        self._samples.append((self._admitted, self._bytes, self._refused, busy_ns))
         self._admitted = self._bytes = self._refused = 0
         self.cost = self._fit()
 
@@ -399,7 +410,8 @@ class LoopLane:
     def start(self) -> None:
         """Sample every ``sample_interval_s`` on the running loop."""
         if self._handle is None:
-            self._last_thread_ns = self._thread_ns() - self._poll_ns()
+            self._last_thread_ns, self._last_poll_ns = self._thread_ns(), self._poll_ns()
+            self._last_wait_ns = self._wait_ns()
             self._arm()
 
     def stop(self) -> None:
@@ -411,7 +423,22 @@ class LoopLane:
         self._handle = asyncio.get_running_loop().call_later(self._interval_s, self._sample)
 
     def _sample(self) -> None:
-        spent_ns = self._thread_ns() - self._poll_ns()
-        self.observe(spent_ns - self._last_thread_ns)
-        self._last_thread_ns = spent_ns
+        self._sample_now()
         self._arm()
+
+    def _sample_now(self) -> None:
+        thread_ns, poll_ns, wait_ns = self._thread_ns(), self._poll_ns(), self._wait_ns()
+        cpu_ns = thread_ns - self._last_thread_ns
+        busy_ns = cpu_ns - (poll_ns - self._last_poll_ns)
+        self.observe(busy_ns, cpu_ns=cpu_ns, waited_ns=wait_ns - self._last_wait_ns)
+        self._last_thread_ns, self._last_poll_ns, self._last_wait_ns = thread_ns, poll_ns, wait_ns
+
+
+def thread_wait_ns() -> int:
+    """The calling thread's time runnable but not running so far (Linux's run delay, from
+    ``/proc/thread-self/schedstat``, in ns); 0 where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stats:
+            return int(stats.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
