@@ -77,6 +77,21 @@ def test_the_loops_other_work_is_not_charged_to_requests() -> None:
     assert lane.cost.refusal_ns == pytest.approx(truth.refusal_ns, rel=1e-6)
 
 
+def test_requests_all_of_one_size_are_charged_their_whole_cost() -> None:
+    """16-byte rows only: requests and bytes move together, so their joint cost is fitted and
+    split as the prior splits it; the refusals' cost, never seen, scales with the requests'.
+    (Least squares alone put the cost on the bytes column and booked 7 us of 150.)"""
+    prior = LoopCost(request_ns=60 * US, byte_ns=0.5, refusal_ns=15 * US)
+    lane = LoopLane(prior=prior, min_samples=4)
+    for admitted in (10, 20, 5, 30, 15, 25, 8, 12):
+        for _ in range(admitted):
+            lane.book(0, 16, admitted=True)
+        lane.observe(admitted * 150 * US + 2 * MS)  # 150 us a request, 2 ms of other work
+    assert lane.predicted_ns(16) == pytest.approx(150 * US, rel=1e-6)
+    assert lane.cost.request_ns / lane.cost.byte_ns == pytest.approx(60 * US / 0.5, rel=1e-6)
+    assert lane.cost.refusal_ns == pytest.approx(15 * US * lane.cost.request_ns / (60 * US))
+
+
 def test_a_loop_given_part_of_its_cpu_learns_its_wall_cost() -> None:
     """A loop thread that got a third of its CPU while it could run (twice its CPU time
     waiting in the run queue) takes three times its CPU cost in wall time per request; the

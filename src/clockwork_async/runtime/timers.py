@@ -295,7 +295,9 @@ class LoopLane:
     busy time since the last sample (CPU time less what busy polling spent) is regressed on the
     requests admitted, their bytes, the requests refused and a constant (the loop's other work:
     heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
-    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
+    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior, a
+    refusal at most a request; a window of requests all of one size, whose requests and bytes
+    cannot be told apart, fits their joint cost, split as the prior splits it); until
     ``min_samples`` samples with requests exist the prior is used. The busy time is stretched
     by the share of the CPU the thread got while it could run (``wait_ns``: its time runnable
     but not running, the kernel's run delay): on a CPU shared with other processes (the
@@ -392,10 +394,26 @@ class LoopLane:
             return self._prior
         counts = np.array([(*s[:3], 1) for s in busy], dtype=np.float64)
         spent = np.array([s[3] for s in busy], dtype=np.float64)
-        solution, *_ = np.linalg.lstsq(counts, spent, rcond=None)
-        solution = solution[:3]  # the constant is the loop's other work
         prior = (self._prior.request_ns, self._prior.byte_ns, self._prior.refusal_ns)
-        low = (self._prior.request_ns / 10, 0.0, self._prior.refusal_ns / 10)
+        if _proportional(counts[:, 0], counts[:, 1]):
+            # Every request of the window had the same size: requests and bytes are one
+            # column, and least squares would split their cost by the columns' norms (at 16 B
+            # rows nearly all of it onto bytes, then clamped: 7 us booked for 150 us of work).
+            # Their joint cost is fitted, split as the prior splits it.
+            joint = counts[:, 0] * prior[0] + counts[:, 1] * prior[1]
+            design = np.column_stack((joint, counts[:, 2:]))
+            (scale, refusal_ns, _), *_ = np.linalg.lstsq(design, spent, rcond=None)
+            solution = [scale * prior[0], scale * prior[1], refusal_ns]
+        else:
+            found, *_ = np.linalg.lstsq(counts, spent, rcond=None)
+            solution = [float(x) for x in found[:3]]  # the constant is the loop's other work
+            scale = solution[0] / prior[0]
+        if not counts[:, 2].any():  # no refusal in the window: the prior, scaled as requests
+            solution[2] = scale * prior[2]
+        # A refusal reads a header and skips the tail: never charged more than a request (a
+        # few refusals in a window fitted at 200 us would book work that refuses more).
+        solution[2] = min(solution[2], solution[0])
+        low = (prior[0] / 10, 0.0, prior[2] / 10)
         fitted = [
             min(100 * p, max(lo, float(x))) for x, p, lo in zip(solution, prior, low, strict=True)
         ]
@@ -442,3 +460,12 @@ def thread_wait_ns() -> int:
             return int(stats.read().split()[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _proportional(admitted: np.ndarray, nbytes: np.ndarray) -> bool:
+    """Whether the window's bytes are (within 1%) the same multiple of its requests."""
+    has = admitted > 0
+    if not has.any():
+        return True
+    ratio = nbytes[has] / admitted[has]
+    return bool(ratio.max() - ratio.min() <= 0.01 * ratio.max())
