@@ -353,6 +353,8 @@ class Connection:
         self._enter(ConnectionState.OPEN)
 
     def _on_bytes(self, nbytes: int) -> None:
+        if self._turn is not None:
+            self._turn.received(nbytes)  # first: a frame decoded now ends within them
         self._decoder.buffer_updated(nbytes)
         if self._handler is not None:
             self._dispatch_ready()  # what it cannot hand over yet counts as queued, below
@@ -390,8 +392,6 @@ class Connection:
         ):
             frame = decoder.next_frame()
             assert frame is not None
-            if self._turn is not None:
-                self._turn.handed(frame[1])
             try:
                 message = frame[0]
                 if isinstance(message, Screened):
@@ -409,12 +409,12 @@ class Connection:
             self._maybe_resume_reading()  # caught up with what a hold or paused writers left
 
     def _unread(self) -> int:
-        """Bytes decoded and not handed over, and waiting in the socket."""
+        """Bytes waiting in the socket (0 if it cannot say)."""
         sock = None if self._transport is None else self._transport.get_extra_info("socket")
-        if sock is None:
-            return self._decoder.buffered_bytes
+        if sock is None or sock.fileno() < 0:
+            return 0
         waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
-        return self._decoder.buffered_bytes + int.from_bytes(waiting, "little")
+        return int.from_bytes(waiting, "little")
 
     def _next_turn(self) -> None:
         if self._handler is not None:
