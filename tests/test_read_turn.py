@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from clockwork_async.connection import Connection
+from clockwork_async.connection import Connection, ConnectionClosed
 from clockwork_async.endpoints import open_connection, start_server
 from clockwork_async.read_turn import ReadTurn
 from clockwork_async.wire.messages import Message, Ping
@@ -85,5 +85,33 @@ async def test_a_connections_turn_lets_the_loop_run_between_its_messages(tmp_pat
     assert [e for e in events if e != "loop"] == [f"ping {i}" for i in range(5)]
     client.close()
     await client.wait_closed()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_dispatch_ends_after_the_messages_a_turn_left_when_the_peer_closed(
+    tmp_path: Path,
+) -> None:
+    """The peer sends and closes at once; turns hand its messages over one an iteration, and
+    `dispatch` still ends (ConnectionClosed) once the last is out. (The case where it did not:
+    the peer's end read while replies to it were paused, tests/hostile/test_slow_clients.py.)"""
+    got: list[int] = []
+    ended = asyncio.get_running_loop().create_future()
+
+    async def serve(connection: Connection) -> None:
+        try:
+            await connection.dispatch(lambda m: got.append(m.seq))  # type: ignore[attr-defined]
+        except ConnectionClosed as closed:
+            ended.set_result(closed)
+
+    address = f"unix:{tmp_path / 'closing.sock'}"
+    server = await start_server(serve, address, read_turn_ns=1)
+    client = await open_connection(address)
+    for seq in range(20):
+        client.send(Ping(seq, 0))
+    client.close()
+    await client.wait_closed()
+    assert isinstance(await asyncio.wait_for(ended, 10), ConnectionClosed)
+    assert got == list(range(20))
     server.close()
     await server.wait_closed()

@@ -413,14 +413,19 @@ class Connection:
         sock = None if self._transport is None else self._transport.get_extra_info("socket")
         if sock is None or sock.fileno() < 0:
             return 0
-        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:  # gone meanwhile: nothing more will be read
+            return 0
         return int.from_bytes(waiting, "little")
 
     def _next_turn(self) -> None:
-        if self._handler is not None:
-            self._dispatch_ready()  # resumes reading once caught up
-        else:
+        if self._handler is None:
             self._maybe_resume_reading()
+            return
+        self._dispatch_ready()  # resumes reading once caught up
+        if self._ended is not None:
+            self._readable.set()  # `dispatch` ends once the messages a turn left are out
 
     def _on_writable(self) -> None:
         self._writable.set()

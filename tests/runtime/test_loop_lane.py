@@ -77,50 +77,6 @@ def test_the_loops_other_work_is_not_charged_to_requests() -> None:
     assert lane.cost.refusal_ns == pytest.approx(truth.refusal_ns, rel=1e-6)
 
 
-def test_requests_all_of_one_size_are_charged_their_whole_cost() -> None:
-    """16-byte rows only: requests and bytes move together, so their joint cost is fitted and
-    split as the prior splits it; the refusals' cost, never seen, scales with the requests'.
-    (Least squares alone put the cost on the bytes column and booked 7 us of 150.)"""
-    prior = LoopCost(request_ns=60 * US, byte_ns=0.5, refusal_ns=15 * US)
-    lane = LoopLane(prior=prior, min_samples=4)
-    for admitted in (10, 20, 5, 30, 15, 25, 8, 12):
-        for _ in range(admitted):
-            lane.book(0, 16, admitted=True)
-        lane.observe(admitted * 150 * US + 2 * MS)  # 150 us a request, 2 ms of other work
-    assert lane.predicted_ns(16) == pytest.approx(150 * US, rel=1e-6)
-    assert lane.cost.request_ns / lane.cost.byte_ns == pytest.approx(60 * US / 0.5, rel=1e-6)
-    assert lane.cost.refusal_ns == pytest.approx(15 * US * lane.cost.request_ns / (60 * US))
-
-
-def test_a_loop_given_part_of_its_cpu_learns_its_wall_cost() -> None:
-    """A loop thread that got a third of its CPU while it could run (twice its CPU time
-    waiting in the run queue) takes three times its CPU cost in wall time per request; the
-    busy-polling part of its CPU time is not charged to requests, nor its share of the wait."""
-    prior = LoopCost(request_ns=50 * US, byte_ns=0.5, refusal_ns=15 * US)
-    clocks = {"thread": 0, "poll": 0, "wait": 0}
-    lane = LoopLane(
-        prior=prior,
-        min_samples=4,
-        thread_ns=lambda: clocks["thread"],
-        poll_ns=lambda: clocks["poll"],
-        wait_ns=lambda: clocks["wait"],
-    )
-    lane._last_thread_ns = lane._last_poll_ns = lane._last_wait_ns = 0  # as `start` reads them
-    for admitted, refused in ((10, 1), (20, 4), (5, 9), (30, 2), (15, 7), (25, 5), (8, 3)):
-        for _ in range(admitted):
-            lane.book(0, 0, admitted=True)
-        for _ in range(refused):
-            lane.book(0, 0, admitted=False)
-        busy_ns = admitted * 40 * US + refused * 10 * US  # 40 us a request, 10 a refusal
-        poll_ns = 2 * MS
-        clocks["thread"] += busy_ns + poll_ns
-        clocks["poll"] += poll_ns
-        clocks["wait"] += 2 * (busy_ns + poll_ns)
-        lane._sample_now()
-    assert lane.cost.request_ns == pytest.approx(120 * US, rel=1e-6)
-    assert lane.cost.refusal_ns == pytest.approx(30 * US, rel=1e-6)
-
-
 async def test_the_door_refuses_overloaded_while_the_loop_is_too_far_behind() -> None:
     now = [1_000 * MS]
     runtime = RuntimeConfig(max_loop_delay_ns=1 * MS)  # under a quarter of the 100 ms SLO

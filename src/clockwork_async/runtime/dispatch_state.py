@@ -46,13 +46,7 @@ from clockwork_async.runtime.requests import (
     PredictionErrors,
     RequestBook,
 )
-from clockwork_async.runtime.timers import (
-    BusyPoll,
-    LagProbe,
-    LoopLane,
-    WakeTimer,
-    thread_wait_ns,
-)
+from clockwork_async.runtime.timers import BusyPoll, LagProbe, LoopLane, WakeTimer
 from clockwork_async.wire.messages import ActionResult, ExecutorInfo
 
 # (model label, group label, ns from the answer to the deadline, outcome)
@@ -134,7 +128,7 @@ class DispatcherHoldings:
         )
         self._lag = LagProbe(interval_s=self.runtime.lag_probe_interval_s, now_ns=now_ns)
         self._poll = BusyPoll(now_ns=now_ns)  # off until `busy_poll`
-        self._loop = LoopLane(now_ns=now_ns, poll_ns=self._poll_ns, wait_ns=thread_wait_ns)
+        self._loop = LoopLane(now_ns=now_ns, poll_ns=self._poll_ns)
         self._drained = asyncio.Event()
         self._idle_models: dict[str, asyncio.Event] = {}
         self._reservation_ids = itertools.count(1)

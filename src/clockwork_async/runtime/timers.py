@@ -295,16 +295,9 @@ class LoopLane:
     busy time since the last sample (CPU time less what busy polling spent) is regressed on the
     requests admitted, their bytes, the requests refused and a constant (the loop's other work:
     heartbeats, registrations, uploads) in that interval, over the last ``window`` samples
-    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior, a
-    refusal at most a request; a window of requests all of one size, whose requests and bytes
-    cannot be told apart, fits their joint cost, split as the prior splits it); until
-    ``min_samples`` samples with requests exist the prior is used. The busy time is stretched
-    by the share of the CPU the thread got while it could run (``wait_ns``: its time runnable
-    but not running, the kernel's run delay): on a CPU shared with other processes (the
-    client, a build) a request's work takes that much longer in wall time, which is the time
-    a deadline counts (unstretched, a loop given a third of its CPU books a third of its real
-    delay and admits what it then drops: issue 26, 16 B rows). A past stall of the loop (its
-    measured lag) is not booked as work ahead: it is over once it was measured. A request
+    (least squares; each per-request coefficient kept within [a tenth, 100x] its prior); until
+    ``min_samples`` samples with requests exist the prior is used. A past stall of the loop
+    (its measured lag) is not booked as work ahead: it is over once it was measured. A request
     that already waited for the loop before its door (an HTTP request read while the loop was
     busy: work no booking saw, such as parsing JSON bodies ahead of it) brings that wait as the
     loop's delay for it (`refusal`'s ``waited_ns``).
@@ -319,7 +312,6 @@ class LoopLane:
         now_ns: Callable[[], int] = time.monotonic_ns,
         thread_ns: Callable[[], int] = time.thread_time_ns,
         poll_ns: Callable[[], int] = lambda: 0,
-        wait_ns: Callable[[], int] = lambda: 0,
         sample_interval_s: float = 0.02,
         window: int = 64,
         min_samples: int = 8,
@@ -328,7 +320,6 @@ class LoopLane:
         self._now_ns = now_ns
         self._thread_ns = thread_ns
         self._poll_ns = poll_ns
-        self._wait_ns = wait_ns
         self._interval_s = sample_interval_s
         self._min_samples = min_samples
         self._prior = prior
@@ -336,7 +327,7 @@ class LoopLane:
         self._free_at_ns = 0
         self._samples: deque[tuple[int, int, int, int]] = deque(maxlen=window)
         self._admitted = self._bytes = self._refused = 0
-        self._last_thread_ns = self._last_poll_ns = self._last_wait_ns = 0
+        self._last_thread_ns = 0
         self._handle: asyncio.TimerHandle | None = None
 
     def delay_ns(self, now_ns: int) -> int:
@@ -394,13 +385,9 @@ class LoopLane:
             self._refused += 1
         self._free_at_ns = max(self._free_at_ns, now_ns) + cost_ns
 
-    def observe(self, busy_ns: int, *, cpu_ns: int = 0, waited_ns: int = 0) -> None:
-        """The loop was busy ``busy_ns`` since the last call (of ``cpu_ns`` on the CPU in all,
-        busy polling included, and ``waited_ns`` runnable but not running): learn the costs."""
-        busy_ns = max(0, busy_ns)
-        if cpu_ns > 0 and waited_ns > 0:  # the busy part's share of the wait, as wall time
-            busy_ns += busy_ns * waited_ns // cpu_ns
-        self._samples.append((self._admitted, self._bytes, self._refused, busy_ns))
+    def observe(self, busy_ns: int) -> None:
+        """The loop was busy ``busy_ns`` since the last call: learn the costs."""
+        self._samples.append((self._admitted, self._bytes, self._refused, max(0, busy_ns)))
         self._admitted = self._bytes = self._refused = 0
         self.cost = self._fit()
 
@@ -410,26 +397,10 @@ class LoopLane:
             return self._prior
         counts = np.array([(*s[:3], 1) for s in busy], dtype=np.float64)
         spent = np.array([s[3] for s in busy], dtype=np.float64)
+        solution, *_ = np.linalg.lstsq(counts, spent, rcond=None)
+        solution = solution[:3]  # the constant is the loop's other work
         prior = (self._prior.request_ns, self._prior.byte_ns, self._prior.refusal_ns)
-        if _proportional(counts[:, 0], counts[:, 1]):
-            # Every request of the window had the same size: requests and bytes are one
-            # column, and least squares would split their cost by the columns' norms (at 16 B
-            # rows nearly all of it onto bytes, then clamped: 7 us booked for 150 us of work).
-            # Their joint cost is fitted, split as the prior splits it.
-            joint = counts[:, 0] * prior[0] + counts[:, 1] * prior[1]
-            design = np.column_stack((joint, counts[:, 2:]))
-            (scale, refusal_ns, _), *_ = np.linalg.lstsq(design, spent, rcond=None)
-            solution = [scale * prior[0], scale * prior[1], refusal_ns]
-        else:
-            found, *_ = np.linalg.lstsq(counts, spent, rcond=None)
-            solution = [float(x) for x in found[:3]]  # the constant is the loop's other work
-            scale = solution[0] / prior[0]
-        if not counts[:, 2].any():  # no refusal in the window: the prior, scaled as requests
-            solution[2] = scale * prior[2]
-        # A refusal reads a header and skips the tail: never charged more than a request (a
-        # few refusals in a window fitted at 200 us would book work that refuses more).
-        solution[2] = min(solution[2], solution[0])
-        low = (prior[0] / 10, 0.0, prior[2] / 10)
+        low = (self._prior.request_ns / 10, 0.0, self._prior.refusal_ns / 10)
         fitted = [
             min(100 * p, max(lo, float(x))) for x, p, lo in zip(solution, prior, low, strict=True)
         ]
@@ -444,8 +415,7 @@ class LoopLane:
     def start(self) -> None:
         """Sample every ``sample_interval_s`` on the running loop."""
         if self._handle is None:
-            self._last_thread_ns, self._last_poll_ns = self._thread_ns(), self._poll_ns()
-            self._last_wait_ns = self._wait_ns()
+            self._last_thread_ns = self._thread_ns() - self._poll_ns()
             self._arm()
 
     def stop(self) -> None:
@@ -457,31 +427,7 @@ class LoopLane:
         self._handle = asyncio.get_running_loop().call_later(self._interval_s, self._sample)
 
     def _sample(self) -> None:
-        self._sample_now()
+        spent_ns = self._thread_ns() - self._poll_ns()
+        self.observe(spent_ns - self._last_thread_ns)
+        self._last_thread_ns = spent_ns
         self._arm()
-
-    def _sample_now(self) -> None:
-        thread_ns, poll_ns, wait_ns = self._thread_ns(), self._poll_ns(), self._wait_ns()
-        cpu_ns = thread_ns - self._last_thread_ns
-        busy_ns = cpu_ns - (poll_ns - self._last_poll_ns)
-        self.observe(busy_ns, cpu_ns=cpu_ns, waited_ns=wait_ns - self._last_wait_ns)
-        self._last_thread_ns, self._last_poll_ns, self._last_wait_ns = thread_ns, poll_ns, wait_ns
-
-
-def thread_wait_ns() -> int:
-    """The calling thread's time runnable but not running so far (Linux's run delay, from
-    ``/proc/thread-self/schedstat``, in ns); 0 where the kernel does not say."""
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as stats:
-            return int(stats.read().split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _proportional(admitted: np.ndarray, nbytes: np.ndarray) -> bool:
-    """Whether the window's bytes are (within 1%) the same multiple of its requests."""
-    has = admitted > 0
-    if not has.any():
-        return True
-    ratio = nbytes[has] / admitted[has]
-    return bool(ratio.max() - ratio.min() <= 0.01 * ratio.max())
