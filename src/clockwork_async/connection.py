@@ -41,6 +41,7 @@ import fcntl
 import inspect
 import logging
 import socket
+import sys
 import termios
 from collections.abc import Awaitable, Callable
 from enum import Enum
@@ -161,7 +162,7 @@ class Connection:
         return self._peer_done_writing and self._state is ConnectionState.OPEN
 
     def backlog_ns(self) -> int:
-        """At most how long a message read now waited unread (`ReadTurn.backlog_ns`)."""
+        """At least how long a frame decoded now waited unread (`ReadTurn.backlog_ns`)."""
         return 0 if self._turn is None else self._turn.backlog_ns()
 
     @property
@@ -417,7 +418,7 @@ class Connection:
             waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
         except OSError:  # gone meanwhile: nothing more will be read
             return 0
-        return int.from_bytes(waiting, "little")
+        return int.from_bytes(waiting, sys.byteorder)
 
     def _next_turn(self) -> None:
         if self._handler is None:
