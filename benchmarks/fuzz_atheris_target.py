@@ -44,8 +44,9 @@ if __name__ == "__main__":
 
 from clockwork_async.api.server import ApiServer, ServerLimits  # noqa: E402
 from clockwork_async.api.service import Health, InferOutcome  # noqa: E402
-from clockwork_async.connection import Connection, _WireProtocol  # noqa: E402
+from clockwork_async.connection import Connection  # noqa: E402
 from clockwork_async.core.outcomes import Outcome  # noqa: E402
+from clockwork_async.endpoints import _WireProtocol  # noqa: E402
 from clockwork_async.wire.codec import Decoder, Encoder, ProtocolError  # noqa: E402
 from clockwork_async.wire.messages import (  # noqa: E402
     PROTOCOL_VERSION,

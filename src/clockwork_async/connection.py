@@ -30,18 +30,24 @@ Invariants:
 - `when_written` callbacks run once each, after every byte sent before them has left this
   process (nothing held, the transport's buffer empty) or once the connection is gone: the
   transport may keep a reference to a sent buffer (an IO arena slot) until then.
+- With ``read_turn_ns``, `dispatch` hands messages over for at most about that long in one
+  loop iteration, then stops reading until the next (`read_turn.ReadTurn`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import inspect
 import logging
 import socket
+import sys
+import termios
 from collections.abc import Awaitable, Callable
 from enum import Enum
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
+from clockwork_async.read_turn import ReadTurn
 from clockwork_async.wire.codec import (
     DEFAULT_LIMITS,
     Decoder,
@@ -99,6 +105,7 @@ class Connection:
         max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
         write_high_water_bytes: int | None = None,
         allow_half_close: bool = False,
+        read_turn_ns: int = 0,
     ) -> None:
         if max_queued_messages < 1 or max_queued_bytes < 1:
             raise ValueError("max_queued_messages and max_queued_bytes must be positive")
@@ -131,6 +138,7 @@ class Connection:
         self._on_written: list[Callable[[], None]] = []  # `when_written`, in order
         self._written_check: asyncio.Handle | None = None
         self._written_delay_s = 0.0
+        self._turn = ReadTurn(read_turn_ns, self._next_turn, self._unread) if read_turn_ns else None
 
     # Public state.
 
@@ -152,6 +160,10 @@ class Connection:
     def peer_done_writing(self) -> bool:
         """True once the peer ended its writing and this side may still send (half-close)."""
         return self._peer_done_writing and self._state is ConnectionState.OPEN
+
+    def backlog_ns(self) -> int:
+        """At least how long a frame decoded now waited unread (`ReadTurn.backlog_ns`)."""
+        return 0 if self._turn is None else self._turn.backlog_ns()
 
     @property
     def reading_paused(self) -> bool:
@@ -329,7 +341,7 @@ class Connection:
         """Return once the transport is gone."""
         await self._closed.wait()
 
-    # Transport callbacks (through _WireProtocol).
+    # Transport callbacks (through `endpoints._WireProtocol`).
 
     def _on_connection_made(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -342,6 +354,8 @@ class Connection:
         self._enter(ConnectionState.OPEN)
 
     def _on_bytes(self, nbytes: int) -> None:
+        if self._turn is not None:
+            self._turn.received(nbytes)  # first: a frame decoded now ends within them
         self._decoder.buffer_updated(nbytes)
         if self._handler is not None:
             self._dispatch_ready()  # what it cannot hand over yet counts as queued, below
@@ -375,6 +389,7 @@ class Connection:
             and self._handler_error is None
             and self._writable.is_set()
             and decoder.buffered_messages
+            and (self._turn is None or not self._turn.over())
         ):
             frame = decoder.next_frame()
             assert frame is not None
@@ -387,12 +402,31 @@ class Connection:
                     self._hold = handler(message)
             except Exception as error:
                 self._handler_error = error
-        if self._handler_error is not None:
-            self._pause_reading()
+        if self._handler_error is not None or (self._turn is not None and self._turn.spent):
+            self._pause_reading()  # a spent turn: the rest in the next iteration (`_next_turn`)
         if self._hold is not None or self._handler_error is not None or decoder.error:
             self._readable.set()
         else:
             self._maybe_resume_reading()  # caught up with what a hold or paused writers left
+
+    def _unread(self) -> int:
+        """Bytes waiting in the socket (0 if it cannot say)."""
+        sock = None if self._transport is None else self._transport.get_extra_info("socket")
+        if sock is None or sock.fileno() < 0:
+            return 0
+        try:
+            waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except OSError:  # gone meanwhile: nothing more will be read
+            return 0
+        return int.from_bytes(waiting, sys.byteorder)
+
+    def _next_turn(self) -> None:
+        if self._handler is None:
+            self._maybe_resume_reading()
+            return
+        self._dispatch_ready()  # resumes reading once caught up
+        if self._ended is not None:
+            self._readable.set()  # `dispatch` ends once the messages a turn left are out
 
     def _on_writable(self) -> None:
         self._writable.set()
@@ -450,7 +484,8 @@ class Connection:
     def _maybe_resume_reading(self) -> None:
         decoder = self._decoder
         caught_up = (
-            decoder.buffered_messages <= self._max_queued_messages // 2
+            (self._turn is None or not self._turn.spent)
+            and decoder.buffered_messages <= self._max_queued_messages // 2
             and decoder.buffered_bytes <= self._max_queued_bytes // 2
         )
         if self._reading_paused and caught_up and decoder.error is None:
@@ -463,35 +498,3 @@ def _set_tcp_nodelay(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-class _WireProtocol(asyncio.BufferedProtocol):
-    """Forwards transport callbacks to its Connection; the decoder lends the read buffers."""
-
-    def __init__(self, connection: Connection, on_made: Callable[[], None] | None = None) -> None:
-        self._connection = connection
-        self._on_made = on_made
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._connection._on_connection_made(cast(asyncio.Transport, transport))
-        if self._on_made is not None:
-            self._on_made()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._connection._decoder.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self._connection._on_bytes(nbytes)
-
-    def eof_received(self) -> bool | None:
-        # True keeps the transport open for writing (a half-close the connection allows).
-        return self._connection._on_eof() or None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._connection._on_connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self._connection._writable.clear()
-
-    def resume_writing(self) -> None:
-        self._connection._on_writable()

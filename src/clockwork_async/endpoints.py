@@ -20,6 +20,7 @@ import functools
 import logging
 import ssl as ssl_module
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 from clockwork_async.connection import (
     DEFAULT_MAX_QUEUED_BYTES,
@@ -27,7 +28,6 @@ from clockwork_async.connection import (
     Connection,
     ConnectionClosed,
     ConnectionState,
-    _WireProtocol,
 )
 from clockwork_async.wire.addresses import UnixAddress, parse_address
 from clockwork_async.wire.codec import DEFAULT_LIMITS, Limits, ProtocolError
@@ -48,6 +48,7 @@ def _factory(
     max_queued_bytes: int,
     write_high_water_bytes: int | None = None,
     allow_half_close: bool = False,
+    read_turn_ns: int = 0,
 ) -> ConnectionFactory:
     return functools.partial(
         Connection,
@@ -57,6 +58,7 @@ def _factory(
         max_queued_bytes=max_queued_bytes,
         write_high_water_bytes=write_high_water_bytes,
         allow_half_close=allow_half_close,
+        read_turn_ns=read_turn_ns,
     )
 
 
@@ -107,6 +109,7 @@ async def start_server(
     allow_half_close: bool = False,
     ssl: ssl_module.SSLContext | None = None,
     start_serving: bool = True,
+    read_turn_ns: int = 0,
 ) -> asyncio.Server:
     """Serve ``address`` (over TLS with ``ssl``; with ``start_serving`` false, bound but not
     accepting until ``Server.start_serving``): each accepted connection runs
@@ -123,6 +126,7 @@ async def start_server(
         max_queued_bytes,
         write_high_water_bytes,
         allow_half_close,
+        read_turn_ns,
     )
     tasks: set[asyncio.Task[None]] = set()
 
@@ -169,3 +173,35 @@ async def _serve_one(handler: Handler, connection: Connection) -> None:
         logger.exception("connection handler failed (peer %r)", connection.peername)
     finally:
         connection.close()
+
+
+class _WireProtocol(asyncio.BufferedProtocol):
+    """Forwards transport callbacks to its Connection; the decoder lends the read buffers."""
+
+    def __init__(self, connection: Connection, on_made: Callable[[], None] | None = None) -> None:
+        self._connection = connection
+        self._on_made = on_made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._connection._on_connection_made(cast(asyncio.Transport, transport))
+        if self._on_made is not None:
+            self._on_made()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._connection._decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._connection._on_bytes(nbytes)
+
+    def eof_received(self) -> bool | None:
+        # True keeps the transport open for writing (a half-close the connection allows).
+        return self._connection._on_eof() or None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._connection._on_connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._connection._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._connection._on_writable()

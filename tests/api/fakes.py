@@ -100,6 +100,7 @@ class FakeService:
         deadline_unix_ns: int | None,
         nbytes: int,
         waited_ns: int = 0,
+        unread_ns: int = 0,
     ) -> str | None:
         self.screens.append((model, slo_ns, nbytes))
         self.waits_ns.append(waited_ns)

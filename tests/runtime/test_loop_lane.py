@@ -149,3 +149,15 @@ async def test_a_screens_slo_counts_from_before_the_requests_wait_for_the_loop()
     assert dispatcher._deadline_ns("a", 30 * MS, None, now[0], waited_ns=5 * MS) == now[0] + 25 * MS
     assert dispatcher._deadline_ns("a", None, None, now[0], waited_ns=5 * MS) == now[0] + 95 * MS
     dispatcher.close()
+
+
+def test_a_wait_unread_in_the_socket_is_held_to_its_share_of_the_slo_not_the_cap() -> None:
+    """A frame that waited unread (`ReadTurn.backlog_ns`): refused past a quarter of its SLO,
+    however long that is (the cap bounds work still ahead, not a wait already over)."""
+    lane = LoopLane(prior=LoopCost(request_ns=100 * US, byte_ns=0.0, refusal_ns=10 * US))
+    share, cap_ns = 0.25, 50 * MS
+    assert lane.refusal(10_000 * MS, 0, share=share, cap_ns=cap_ns, unread_ns=90 * MS) is None
+    refusal = lane.refusal(100 * MS, 0, share=share, cap_ns=cap_ns, unread_ns=26 * MS)
+    assert refusal is not None and "waited 26.00 ms unread in its connection" in refusal
+    assert lane.refusal(100 * MS, 0, share=share, cap_ns=cap_ns, unread_ns=25 * MS) is None
+    assert lane.refusal(100 * MS, 0, share=share, cap_ns=0, unread_ns=90 * MS) is None  # no door

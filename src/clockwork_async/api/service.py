@@ -110,12 +110,14 @@ class Requests(Protocol):
         deadline_unix_ns: int | None,
         nbytes: int,
         waited_ns: int = 0,
+        unread_ns: int = 0,
     ) -> str | None:
         """Whether a request can be taken, from its frame's header alone (before any of its
         ``nbytes`` of tensors are kept): None, or why it is refused ``overloaded`` (the
         daemon's own work is too far behind for its deadline: the work booked ahead, or the
         ``waited_ns`` the request already waited for the loop after it was read, an SLO
-        counting from before that wait). Changes nothing."""
+        counting from before that wait; or the ``unread_ns`` it at least waited unread in its
+        socket, past its share of the SLO). Changes nothing."""
         ...
 
     def refuse(

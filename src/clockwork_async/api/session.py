@@ -284,7 +284,9 @@ class ApiSession:
         except ValueError:
             return None  # refused bad_input once decoded
         model, _ = self._route(fields.get("model", ""))
-        why = self._requests.screen(model, slo_ns, fields.get("deadline_unix_ns"), nbytes)
+        unread_ns = self._connection.backlog_ns()  # it waited unread at least that long
+        deadline_unix_ns = fields.get("deadline_unix_ns")
+        why = self._requests.screen(model, slo_ns, deadline_unix_ns, nbytes, 0, unread_ns)
         if why is not None:
             self._refused_here.append(None)  # the request path answers it (`refuse`)
             return why

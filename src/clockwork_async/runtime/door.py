@@ -92,10 +92,14 @@ class Door(DispatcherHoldings):
             return Outcome.BAD_INPUT, str(error)
         return None
 
-    def _loop_refusal(self, slo_ns: int, now_ns: int, waited_ns: int = 0) -> str | None:
+    def _loop_refusal(
+        self, slo_ns: int, now_ns: int, waited_ns: int = 0, unread_ns: int = 0
+    ) -> str | None:
         runtime = self.runtime
         share, cap_ns = runtime.loop_delay_share, runtime.max_loop_delay_ns
-        return self._loop.refusal(slo_ns, now_ns, share=share, cap_ns=cap_ns, waited_ns=waited_ns)
+        return self._loop.refusal(
+            slo_ns, now_ns, share=share, cap_ns=cap_ns, waited_ns=waited_ns, unread_ns=unread_ns
+        )
 
     def screen(
         self,
@@ -104,17 +108,18 @@ class Door(DispatcherHoldings):
         deadline_unix_ns: int | None,
         nbytes: int,
         waited_ns: int = 0,
+        unread_ns: int = 0,
     ) -> str | None:
         """The door, from a frame's header (`api.service.Requests.screen`): why the loop
         cannot take this request (`_loop_refusal`; ``waited_ns``: how long it already waited
         for the loop after it was read, its SLO counting from before), or None. Changes
         nothing."""
         now_ns = self._now_ns()
-        busy = self._loop.delay_ns(now_ns) or waited_ns
+        busy = self._loop.delay_ns(now_ns) or waited_ns or unread_ns
         if self._state is not DispatcherState.RUNNING or not busy:
             return None  # `submit` answers it shutting_down; an idle loop refuses nothing
         deadline_ns = self._deadline_ns(model, slo_ns, deadline_unix_ns, now_ns, waited_ns)
-        return self._loop_refusal(deadline_ns - now_ns, now_ns, waited_ns)
+        return self._loop_refusal(deadline_ns - now_ns, now_ns, waited_ns, unread_ns)
 
     def refuse(
         self, model: str, reason: str, nbytes: int, on_reply: Callable[[InferOutcome], None]

@@ -339,17 +339,33 @@ class LoopLane:
         return int(self.cost.request_ns + self.cost.byte_ns * nbytes)
 
     def refusal(
-        self, slo_ns: int, now_ns: int, *, share: float, cap_ns: int, waited_ns: int = 0
+        self,
+        slo_ns: int,
+        now_ns: int,
+        *,
+        share: float,
+        cap_ns: int,
+        waited_ns: int = 0,
+        unread_ns: int = 0,
     ) -> str | None:
         """Why a request with ``slo_ns`` to its deadline cannot be taken: the work booked
         ahead of it, or the time it already waited for the loop (``waited_ns``: read while
         the loop was busy, before anything was booked for it), runs past ``share`` of that,
-        or past ``cap_ns`` (0: never refuse). An idle loop refuses nothing: what a request
-        cannot meet on its own is the core's to refuse."""
+        or past ``cap_ns`` (0: never refuse); or it waited unread in its socket
+        (``unread_ns``, `read_turn.ReadTurn.backlog_ns`) past ``share`` of that (a wait
+        already over: not held to the cap, which bounds the work still ahead). An idle loop
+        refuses nothing: what a request cannot meet on its own is the core's to refuse."""
         delay_ns = max(self.delay_ns(now_ns), waited_ns)
-        if not cap_ns or not delay_ns:
+        if not cap_ns or not (delay_ns or unread_ns):
             return None
-        limit_ns = min(cap_ns, int(share * max(0, slo_ns)))
+        share_ns = int(share * max(0, slo_ns))
+        if unread_ns > share_ns:
+            return (
+                f"the daemon itself is overloaded: this request waited {unread_ns / 1e6:.2f} ms "
+                f"unread in its connection, more than the {share_ns / 1e6:.2f} ms it may wait; "
+                f"retry after {unread_ns / 1e6:.2f} ms"
+            )
+        limit_ns = min(cap_ns, share_ns)
         if delay_ns <= limit_ns:
             return None
         return (
