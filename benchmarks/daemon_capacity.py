@@ -210,7 +210,9 @@ def knee(rows: Sequence[dict[str, Any]]) -> int | None:
 # --- a whole size -------------------------------------------------------------------------------
 
 
-def run_size(size: RowSize, quick: bool, daemon_python: str) -> dict[str, Any]:
+def run_size(
+    size: RowSize, quick: bool, daemon_python: str, busy_poll_us: float | None = None
+) -> dict[str, Any]:
     rates = size.quick_rates_rps if quick else size.rates_rps
     duration_s = 4.0 if quick else 12.0
     with tempfile.TemporaryDirectory(prefix="clockwork-capacity-") as name:
@@ -220,7 +222,10 @@ def run_size(size: RowSize, quick: bool, daemon_python: str) -> dict[str, Any]:
         toml = f'sim_profile = "{size.sim_profile}"\ndefault_slo_ms = {SLO_MS}\n'
         add_model(folder / "models", "m", build_tiny(0).SerializeToString(), toml)
         config = daemon_config(folder, EXECUTOR)
-        config.write_text(config.read_text().replace('log_level = "info"', 'log_level = "warning"'))
+        server = 'log_level = "warning"'
+        if busy_poll_us is not None:
+            server += f"\nbusy_poll_us = {busy_poll_us}"
+        config.write_text(config.read_text().replace('log_level = "info"', server))
         daemon = DaemonProcess.start(folder, config, python=daemon_python)
         rows = []
         try:
@@ -313,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", default="602kb,16b", help="comma-separated: 602kb, 16b")
     parser.add_argument("--daemon-python", default=sys.executable, help="runs the daemon")
     parser.add_argument("--label", default="", help="a name for this run in its file names")
+    parser.add_argument(
+        "--busy-poll-us",
+        type=float,
+        default=None,
+        help="the daemon's server.busy_poll_us (default: the daemon's default)",
+    )
     parser.add_argument("--serve-ingest", default="", help=argparse.SUPPRESS)
     return parser
 
@@ -330,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         "slo_ms": SLO_MS,
         "slowdown": SLOWDOWN,
         "sizes": [
-            run_size(SIZES[name], args.quick, args.daemon_python) for name in args.sizes.split(",")
+            run_size(SIZES[name], args.quick, args.daemon_python, args.busy_poll_us)
+            for name in args.sizes.split(",")
         ],
     }
     result["wall_s"] = round(time.time() - started, 1)
