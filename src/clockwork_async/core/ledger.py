@@ -476,6 +476,13 @@ def release(model: ModelState) -> None:
     model.reserved_pages = 0
 
 
+def release_if_unwaited(model: ModelState) -> None:
+    """Cancel ``model``'s reserved LOAD once none of its requests is queued: nobody waits
+    for it (its last one was answered, or runs on a copy elsewhere)."""
+    if not model.queued and model.reserved_on is not None:
+        release(model)
+
+
 def note_demand(core: CoreState, model: ModelState) -> None:
     """A request of ``model`` (no copy, no reserved LOAD) was rejected: remember the model
     as wanted, so placement may load it when a load lane has nothing promised to do."""

@@ -16,7 +16,7 @@ from typing import Final
 from .agenda import fill_hungry_copies, mark_cold, push_heads
 from .entities import Action, RequestState
 from .events import ExecutionTimes, Reply
-from .ledger import book, release, unbook
+from .ledger import book, release_if_unwaited, unbook
 from .outcomes import Outcome
 from .queues import RequestStatus
 from .quotes import Quote
@@ -66,8 +66,7 @@ def answer(
         model.queued -= 1
         core.queued_total -= 1
         unbook(request)
-        if not model.queued and model.reserved_on is not None:
-            release(model)  # nobody waits for its LOAD any more
+        release_if_unwaited(model)
     elif request.status is RequestStatus.RUNNING:
         core.running_total -= 1
     request.move(RequestStatus.DONE)

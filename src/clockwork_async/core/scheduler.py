@@ -21,7 +21,7 @@ from .agenda import arm_timer, note_pressure, nudge, push_head, push_heads
 from .batching import Batch
 from .entities import Action, ActionKind, ExecutorState, ModelState, RequestState
 from .events import WakeAt
-from .ledger import release, unbook_dispatched
+from .ledger import release_if_unwaited, unbook_dispatched
 from .outcomes import Outcome
 from .policies import Defer, Drop, Handoff, NoBatch, Policy
 from .queues import RequestStatus
@@ -188,8 +188,7 @@ def dispatch(
     """Take ``batch``'s requests out of the queue and send them to ``executor`` as an INFER
     planned to start at ``start_ns`` (it may start as soon as the work before it ends)."""
     requests = model.take(batch.count, batch.position)
-    if not model.queued and model.reserved_on is not None:
-        release(model)  # its last waiting request runs on a copy: nobody waits for the LOAD
+    release_if_unwaited(model)
     action = Action(
         new_action_id(core),
         ActionKind.INFER,
